@@ -1,0 +1,1 @@
+"""payload_gc: delete versioned payload directories below a staleness bound, safely."""

@@ -1,0 +1,1 @@
+"""rollout-orchestrator: the asynchronous RL rollout daemon."""
