@@ -1,0 +1,36 @@
+"""`make bench`: run every benchmark script in turn; each writes its section of
+docs/benchmarks.md. A benchmark that fails is reported and the others still run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# Order matters only for reading the output; each script is independent.
+SCRIPTS = [
+    "gc_vs_rm.py",
+    "by_handle_vs_inline.py",
+]
+
+
+def main() -> int:
+    failed = []
+    for name in SCRIPTS:
+        script = HERE / name
+        if not script.exists():
+            print(f"bench: {name} is not written yet, skipped")
+            continue
+        print(f"bench: running {name}", flush=True)
+        if subprocess.run([sys.executable, str(script)], check=False).returncode != 0:
+            failed.append(name)
+    if failed:
+        print(f"bench: failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
