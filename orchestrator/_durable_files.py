@@ -1,0 +1,59 @@
+"""Crash-safe file writes for the shared filesystem: temp file, fsync, rename, fsync dir.
+
+A reader on another host must see either nothing or the whole file, and a power loss
+must not leave a name pointing at a half-written file. All functions block: call them
+from a worker thread in async code.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so that the names created or renamed in it are durable.
+
+    Raises OSError when the directory cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_synced(path: Path, data: bytes, *, fsync: bool = True) -> None:
+    """Create `path` (it must not exist) with `data`, fsynced before it is closed.
+
+    Raises FileExistsError when `path` exists, OSError on any other failure.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_file_atomically(path: Path, data: bytes, *, fsync: bool = True) -> None:
+    """Write `data` to `path` so that readers see the old content or the new, never a mix.
+
+    The bytes go to a hidden temp file in the same directory, which is fsynced and then
+    renamed over `path`; the directory is fsynced last so the rename survives a crash.
+    The temp file is removed when anything fails. Raises OSError.
+    """
+    temp = path.with_name(f".tmp-{path.name}-{secrets.token_hex(4)}")
+    try:
+        write_file_synced(temp, data, fsync=fsync)
+        temp.replace(path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    if fsync:
+        fsync_dir(path.parent)

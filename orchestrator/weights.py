@@ -1,0 +1,107 @@
+"""Published policy weights: `<weights_dir>/step_000007/STABLE` means "v7 is published".
+
+DESIGN §3 and §5: the trainer reads batch `s`, trains on it, then publishes `v{s}` by
+writing the step's files and the `STABLE` marker last. `v0` is the initial weights and
+needs no marker. Readers (the orchestrator's policy watcher, the local trainer resuming
+after a kill) only ever trust a step directory that holds `STABLE`.
+
+All functions block (they touch the filesystem): call them from a worker thread in async
+code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from orchestrator._durable_files import fsync_dir, replace_file_atomically
+from orchestrator._step_dirs import parse_step_dir, step_dir_name
+
+__all__ = [
+    "MODEL_FILE",
+    "STABLE_MARKER",
+    "WEIGHTS_FORMAT",
+    "latest_published_version",
+    "parse_step_dir",
+    "publish_weights",
+    "published_versions",
+    "weights_step_dir",
+]
+
+STABLE_MARKER = "STABLE"
+MODEL_FILE = "model.json"
+WEIGHTS_FORMAT = "rollout-orchestrator.weights/1"
+
+
+def weights_step_dir(weights_dir: Path, step: int) -> Path:
+    """The directory of the weights of version `step`: `<weights_dir>/step_000007`.
+
+    Raises ValueError for a negative step.
+    """
+    return weights_dir / step_dir_name(step)
+
+
+def publish_weights(weights_dir: Path, step: int, *, fsync: bool = True) -> Path:
+    """Publish version `step`: write a small `model.json`, then the `STABLE` marker last.
+
+    Each file is written to a temp file, fsynced and renamed into place, so a reader never
+    sees a partial file, and `STABLE` appears only once `model.json` is durable. Creates
+    the directories as needed. Publishing a step again (after a crash between the two
+    files, say) rewrites both atomically. Returns the step directory.
+
+    Raises ValueError for a step < 1 (v0 is the initial weights and is never published),
+    OSError when writing fails.
+    """
+    if step < 1:
+        raise ValueError(f"weights are published for steps >= 1 (v0 is implicit), got {step}")
+    step_dir = weights_step_dir(weights_dir, step)
+    created_parent = not weights_dir.exists()
+    step_dir.mkdir(parents=True, exist_ok=True)
+    if fsync:
+        # The new directory name must be durable before the marker inside it means anything.
+        fsync_dir(weights_dir)
+        if created_parent:
+            fsync_dir(weights_dir.parent)
+    model = {"format": WEIGHTS_FORMAT, "step": step, "created_at": time.time()}
+    replace_file_atomically(step_dir / MODEL_FILE, _json_bytes(model), fsync=fsync)
+    replace_file_atomically(step_dir / STABLE_MARKER, b"", fsync=fsync)
+    return step_dir
+
+
+def published_versions(weights_dir: Path) -> list[int]:
+    """The published versions, sorted: the `step_<digits>` directories holding `STABLE`.
+
+    A missing `weights_dir` means none. Directories without the marker (a publish in
+    progress, or one cut short by a crash) and every other name are ignored.
+    Raises OSError when `weights_dir` exists but cannot be listed.
+    """
+    versions: list[int] = []
+    try:
+        entries = list(os.scandir(weights_dir))
+    except FileNotFoundError:
+        return versions
+    for entry in entries:
+        step = parse_step_dir(entry.name)
+        if (
+            step is not None
+            and entry.is_dir(follow_symlinks=False)
+            and Path(entry.path, STABLE_MARKER).is_file()
+        ):
+            versions.append(step)
+    versions.sort()
+    return versions
+
+
+def latest_published_version(weights_dir: Path) -> int:
+    """The highest published version, or 0 when none is (v0, the initial weights).
+
+    Raises OSError when `weights_dir` exists but cannot be listed.
+    """
+    versions = published_versions(weights_dir)
+    return versions[-1] if versions else 0
+
+
+def _json_bytes(obj: object) -> bytes:
+    return (json.dumps(obj, allow_nan=False, separators=(",", ":")) + "\n").encode()
