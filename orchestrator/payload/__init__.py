@@ -1,0 +1,44 @@
+"""Payloads by handle: segments, the writer, the inline codec, stitching and the reader.
+
+Inference servers write routed expert ids and sampling masks into files under
+``<root>/v<k>/`` and return small `PayloadSegment` records (DESIGN §4); the orchestrator
+validates and stitches them into per-sample segments; the trainer reads them back.
+"""
+
+from ._digest import payload_digest as payload_digest
+from ._errors import BadSegment as BadSegment
+from ._errors import PayloadCorrupt as PayloadCorrupt
+from ._errors import PayloadError as PayloadError
+from ._errors import PayloadMissing as PayloadMissing
+from ._inline import decode_inline as decode_inline
+from ._inline import encode_inline as encode_inline
+from ._routing import compact_routed_experts as compact_routed_experts
+from ._segment import FIELD_NDIM as FIELD_NDIM
+from ._segment import FIELDS as FIELDS
+from ._segment import PayloadSegment as PayloadSegment
+from ._validate import validate_payload_dir as validate_payload_dir
+from ._validate import validate_segment as validate_segment
+from ._validate import validate_segments as validate_segments
+from ._validate import version_dir as version_dir
+from ._writer import write_payload as write_payload
+from ._writer import write_payload_file as write_payload_file
+
+__all__ = [
+    "FIELDS",
+    "FIELD_NDIM",
+    "BadSegment",
+    "PayloadCorrupt",
+    "PayloadError",
+    "PayloadMissing",
+    "PayloadSegment",
+    "compact_routed_experts",
+    "decode_inline",
+    "encode_inline",
+    "payload_digest",
+    "validate_payload_dir",
+    "validate_segment",
+    "validate_segments",
+    "version_dir",
+    "write_payload",
+    "write_payload_file",
+]

@@ -1,0 +1,162 @@
+"""Checks a segment must pass before anything it points at is trusted or read (DESIGN §4)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+
+from ._digest import is_digest_hex
+from ._errors import BadSegment, PayloadMissing
+from ._segment import FIELD_NDIM, FIELDS, PayloadSegment
+
+
+def version_dir(root: Path, version: int) -> Path:
+    """The directory payloads of policy version `version` are written into: ``root/v<k>``."""
+    return root / f"v{version}"
+
+
+def validate_payload_dir(payload_dir: Path, *, root: Path, version: int) -> None:
+    """Check that `payload_dir` is ``<root>/v<version>`` (compared lexically, no I/O).
+
+    Raises `BadSegment` with reason ``wrong_version_dir``.
+    """
+    expected = _normalize(version_dir(root, version))
+    if _normalize(payload_dir) != expected:
+        raise BadSegment(
+            "wrong_version_dir", "", f"payload dir {str(payload_dir)!r} is not {str(expected)!r}"
+        )
+
+
+def validate_segment(
+    segment: PayloadSegment, *, payload_dir: Path, file_size: int | None = None
+) -> Path:
+    """Check one segment against DESIGN §4 and return the path of its file.
+
+    Checks, without touching the filesystem: the file is a plain name (not empty, no
+    ``/`` or ``\\``, not ``.`` or ``..``, not absolute, no NUL) whose path stays inside
+    `payload_dir`; the dtype is allowed for the field; the shape has the field's number of
+    dimensions and no negative one; offset and pos are not negative; the digest is 32 hex
+    digits and its byte range contains the segment's bytes. When `file_size` is given, the
+    bytes (and the digested range) must end within it.
+
+    A fill segment has no file: only field, dtype and shape are checked, and `payload_dir`
+    itself is returned.
+
+    Raises `BadSegment` (reasons ``field``, ``dtype``, ``shape``, ``not_plain_name``,
+    ``traversal``, ``outside_payload_dir``, ``out_of_range``, ``digest``, ``malformed``).
+    """
+    name = segment.file
+    allowed = FIELDS.get(segment.field)
+    if allowed is None:
+        raise BadSegment("field", name, f"unknown field {segment.field!r}")
+    if segment.dtype not in allowed:
+        raise BadSegment(
+            "dtype", name, f"dtype {segment.dtype!r} not allowed for field {segment.field!r}"
+        )
+    ndim = FIELD_NDIM[segment.field]
+    if len(segment.shape) != ndim or any(d < 0 for d in segment.shape):
+        raise BadSegment(
+            "shape",
+            name,
+            f"shape {list(segment.shape)} of {segment.field!r} must have {ndim} "
+            "non-negative dimensions",
+        )
+    if segment.is_fill:
+        if name or segment.offset or segment.digest or segment.digest_offset is not None:
+            raise BadSegment("malformed", name, "a fill segment has no file, offset or digest")
+        if segment.pos < 0:
+            raise BadSegment("out_of_range", name, f"negative pos {segment.pos}")
+        return payload_dir
+    _check_plain_name(name)
+    if segment.offset < 0 or segment.pos < 0:
+        raise BadSegment(
+            "out_of_range", name, f"negative offset {segment.offset} or pos {segment.pos}"
+        )
+    if not is_digest_hex(segment.digest):
+        raise BadSegment("digest", name, "digest must be 32 lowercase hex digits")
+    if (segment.digest_offset is None) != (segment.digest_nbytes is None):
+        raise BadSegment("malformed", name, "digest_offset and digest_nbytes go together")
+    digest_offset, digest_nbytes = segment.digest_range
+    if not (
+        0 <= digest_offset <= segment.offset
+        and segment.offset + segment.nbytes <= digest_offset + digest_nbytes
+    ):
+        raise BadSegment(
+            "out_of_range", name, "the digested byte range does not contain the segment"
+        )
+    path = payload_dir / name
+    # The name is plain, so this holds; kept as a guard should the name rules ever loosen.
+    if _normalize(path).parent != _normalize(payload_dir):
+        raise BadSegment("outside_payload_dir", name, f"resolves outside {str(payload_dir)!r}")
+    if file_size is not None:
+        end = digest_offset + digest_nbytes
+        if end > file_size:
+            raise BadSegment(
+                "out_of_range", name, f"bytes end at {end}, past the file's {file_size} bytes"
+            )
+    return path
+
+
+def validate_segments(
+    segments: Iterable[PayloadSegment], *, root: Path, version: int, check_files: bool
+) -> None:
+    """Validate a rollout's segments, which must live in ``<root>/v<version>``.
+
+    With `check_files`, ``lstat`` the version directory and each file once: the directory
+    and the files must not be symbolic links (even ones pointing inside the directory), the
+    files must be regular files, and every segment must end within its file. This blocks:
+    callers on an event loop run it in a worker thread.
+
+    Raises `BadSegment` (see `validate_segment`, plus ``symlink`` and ``not_regular_file``)
+    or `PayloadMissing` for a missing file or directory.
+    """
+    payload_dir = version_dir(root, version)
+    sizes: dict[str, int] = {}
+    if check_files:
+        _check_regular(payload_dir, "", want_dir=True)
+    for segment in segments:
+        if not check_files or segment.is_fill:
+            validate_segment(segment, payload_dir=payload_dir)
+            continue
+        # Validate the name before it is used in a path.
+        path = validate_segment(segment, payload_dir=payload_dir)
+        if segment.file not in sizes:
+            sizes[segment.file] = _check_regular(path, segment.file, want_dir=False)
+        validate_segment(segment, payload_dir=payload_dir, file_size=sizes[segment.file])
+
+
+def _check_regular(path: Path, name: str, *, want_dir: bool) -> int:
+    """lstat `path`; return its size if it is a regular file (or a directory if `want_dir`)."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        raise PayloadMissing(path) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise BadSegment("symlink", name, f"{str(path)!r} is a symbolic link")
+    is_kind = stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode)
+    if not is_kind:
+        kind = "directory" if want_dir else "regular file"
+        raise BadSegment("not_regular_file", name, f"{str(path)!r} is not a {kind}")
+    return st.st_size
+
+
+def _check_plain_name(name: str) -> None:
+    if not name:
+        raise BadSegment("not_plain_name", name, "empty file name")
+    if "\0" in name:
+        raise BadSegment("not_plain_name", name, "NUL in file name")
+    if name in {".", ".."}:
+        raise BadSegment("traversal", name, "file name is a directory reference")
+    if "/" in name or "\\" in name:
+        parts = name.replace("\\", "/").split("/")
+        if ".." in parts:
+            raise BadSegment("traversal", name, "file name climbs out of the payload dir")
+        raise BadSegment("not_plain_name", name, "file name has a path separator")
+
+
+def _normalize(path: Path) -> Path:
+    # Lexical only (normpath of the absolute path): resolving would follow symbolic links
+    # and touch the filesystem, which this pure check must not.
+    return Path(os.path.normpath(path.absolute()))
