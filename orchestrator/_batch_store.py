@@ -1,0 +1,148 @@
+"""Publishing batches into `batches_dir` and listing the shipped ones (DESIGN §5).
+
+A batch is published atomically: its directory is built under a hidden temp name,
+fsynced, and renamed into place, so a trainer (on this host or another) sees either no
+`step_000007` or a complete one. The set of complete batch directories is the source of
+truth for "shipped": a crash between shipping and saving progress neither re-ships nor
+loses a batch. A shipped batch is never rewritten.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from orchestrator._batch_format import BATCH_FILE, TrainSample, encode_batch
+from orchestrator._durable_files import fsync_dir, write_file_synced
+from orchestrator._step_dirs import parse_step_dir, step_dir_name
+
+# Leftovers of a publish cut short by a crash start with this; nothing else does.
+PARTIAL_BATCH_PREFIX = ".tmp-"
+
+
+class BatchExists(FileExistsError):
+    """The batch of this step was shipped already; shipped batches are never rewritten."""
+
+
+def batch_step_dir(batches_dir: Path, step: int) -> Path:
+    """The directory of batch `step`: `<batches_dir>/step_000007`.
+
+    Raises ValueError for a negative step.
+    """
+    return batches_dir / step_dir_name(step)
+
+
+def publish_batch(
+    batches_dir: Path, step: int, samples: Sequence[TrainSample], *, fsync: bool = True
+) -> Path:
+    """Ship batch `step`: write `step_NNNNNN/batch.json` atomically and return its directory.
+
+    Writes `.tmp-step_NNNNNN-<hex>/batch.json`, fsyncs the file and the temp directory,
+    renames the temp directory to `step_NNNNNN` and fsyncs `batches_dir` (with
+    `fsync=False` it skips the fsyncs, for tests and benchmarks). Creates `batches_dir`
+    when missing. Blocking.
+
+    Raises `BatchExists` when the step was shipped already (nothing is changed then),
+    ValueError for a step < 1 or a non-finite number in a sample, OSError when writing
+    fails (the temp directory is removed).
+    """
+    data = encode_batch(step, samples, created_at=time.time())
+    final_dir = batch_step_dir(batches_dir, step)
+    batches_dir.mkdir(parents=True, exist_ok=True)
+    if final_dir.exists():
+        raise BatchExists(errno.EEXIST, "batch already shipped", str(final_dir))
+    temp_dir = batches_dir / f"{PARTIAL_BATCH_PREFIX}{final_dir.name}-{secrets.token_hex(4)}"
+    temp_dir.mkdir()
+    try:
+        write_file_synced(temp_dir / BATCH_FILE, data, fsync=fsync)
+        if fsync:
+            fsync_dir(temp_dir)
+        try:
+            # rename(2) replaces an *empty* directory but fails on a non-empty one, and a
+            # shipped batch always holds batch.json: so a concurrent publisher loses here.
+            temp_dir.rename(final_dir)
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise BatchExists(errno.EEXIST, "batch already shipped", str(final_dir)) from None
+            raise
+    except BaseException:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
+    if fsync:
+        fsync_dir(batches_dir)
+    return final_dir
+
+
+async def publish_batch_async(
+    batches_dir: Path,
+    step: int,
+    samples: Sequence[TrainSample],
+    *,
+    fsync: bool = True,
+    limiter: trio.CapacityLimiter | None = None,
+) -> Path:
+    """`publish_batch` in a worker thread (bounded by `limiter` when given)."""
+    return await trio.to_thread.run_sync(
+        functools.partial(publish_batch, batches_dir, step, samples, fsync=fsync),
+        limiter=limiter,
+    )
+
+
+def is_complete_batch(batch_dir: Path) -> bool:
+    """Whether `batch_dir` is a shipped batch: a real directory holding `batch.json`."""
+    return batch_dir.is_dir() and not batch_dir.is_symlink() and (batch_dir / BATCH_FILE).is_file()
+
+
+def shipped_steps(batches_dir: Path) -> list[int]:
+    """The steps of the complete batch directories in `batches_dir`, sorted.
+
+    Only canonical `step_NNNNNN` directories holding `batch.json` count: temp directories
+    of a publish in progress (or cut short), symlinks and other names are ignored. A
+    missing `batches_dir` means none. Raises OSError when it cannot be listed.
+    """
+    steps: list[int] = []
+    try:
+        entries = list(os.scandir(batches_dir))
+    except FileNotFoundError:
+        return steps
+    for entry in entries:
+        step = parse_step_dir(entry.name)
+        if (
+            step is not None
+            and entry.is_dir(follow_symlinks=False)
+            and Path(entry.path, BATCH_FILE).is_file()
+        ):
+            steps.append(step)
+    steps.sort()
+    return steps
+
+
+def remove_partial_batches(batches_dir: Path) -> int:
+    """Delete the `.tmp-*` leftovers of publishes cut short by a crash; return how many.
+
+    Call it only while no publish is running (at start-up, before shipping). Never
+    follows a symlink: a link named `.tmp-*` is unlinked, not entered. A missing
+    `batches_dir` means none. Raises OSError when something cannot be deleted.
+    """
+    removed = 0
+    try:
+        entries = list(os.scandir(batches_dir))
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(PARTIAL_BATCH_PREFIX):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            Path(entry.path).unlink(missing_ok=True)
+        removed += 1
+    return removed
