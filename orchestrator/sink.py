@@ -1,0 +1,340 @@
+"""The train sink: scores finished groups, discards what cannot be trained, queues the rest
+and assembles batches from the queue (DESIGN §3, §6).
+
+Pure logic: no I/O, no clock, no trio. The sink never deletes a file itself. Every
+operation returns the absolute paths of payload files that just became safe to delete (no
+queued sample holds them and no shipped sample references them); the daemon deletes them
+in a worker thread. Files of shipped samples are left to the version collector.
+
+Accounting. Discards are counted by `Discard` reason, in *units*: a rollout that has
+samples counts one unit per sample (branch); a rollout without samples (a failed request,
+or a rollout that produced nothing to train on) counts one unit. Every admitted unit ends
+up exactly once as shipped, queued, abandoned (`drop_all`) or counted under one reason, so
+`admitted == shipped + queued_samples + abandoned + sum(counters.values())` always holds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+
+import attrs
+from payload_gc import min_fresh_version
+
+from orchestrator.payload_refs import PayloadRefs
+from orchestrator.rollouts import Discard, GroupResult, RolloutResult, Sample
+
+# Advantages are differences of float means: a group whose rewards are all equal can leave
+# residues of a few ulps, which are no learning signal.
+_ZERO_ADVANTAGE = 1e-9
+
+
+class SinkNotReady(RuntimeError):
+    """`assemble` was called without enough fresh queued samples for a batch."""
+
+
+@attrs.frozen
+class SinkLimits:
+    """What the sink accepts and how big a batch is.
+
+    `batch_size` samples make a batch; with `constant_size`, exactly that many (the surplus
+    of the last group taken is pruned), otherwise whole groups until at least that many.
+    `max_off_policy_steps` is `m` of DESIGN §3. A group whose mean reward lies outside
+    `[curriculum_min_mean_reward, curriculum_max_mean_reward]` is discarded. A sample with
+    more than `max_seq_len` tokens is untrainable.
+
+    Raises `ValueError` for a limit out of range.
+    """
+
+    batch_size: int = attrs.field(validator=attrs.validators.ge(1))
+    constant_size: bool
+    max_off_policy_steps: int = attrs.field(validator=attrs.validators.ge(0))
+    curriculum_min_mean_reward: float
+    curriculum_max_mean_reward: float
+    max_seq_len: int = attrs.field(validator=attrs.validators.ge(1))
+
+    def __attrs_post_init__(self) -> None:
+        if not self.curriculum_min_mean_reward <= self.curriculum_max_mean_reward:
+            raise ValueError(
+                f"curriculum_min_mean_reward ({self.curriculum_min_mean_reward}) must be "
+                f"<= curriculum_max_mean_reward ({self.curriculum_max_mean_reward})"
+            )
+
+
+@attrs.frozen
+class QueuedSample:
+    """A scored sample waiting in the queue (and, once shipped, one entry of a batch)."""
+
+    sample: Sample
+    group_id: str
+    start_version: int
+    dispatch_version: int
+    reward: float
+    advantage: float
+
+
+@attrs.frozen
+class _QueuedGroup:
+    group_id: str
+    start_version: int
+    samples: tuple[QueuedSample, ...]
+
+
+@attrs.frozen
+class _Verdict:
+    """What admission decided for one group: counts by reason and the samples to queue."""
+
+    discards: Mapping[Discard, int]
+    queued: tuple[QueuedSample, ...]
+
+
+def _units(rollout: RolloutResult) -> int:
+    """How many accounting units a rollout is (see the module docstring)."""
+    if rollout.failed is not None or not rollout.samples:
+        return 1
+    return len(rollout.samples)
+
+
+def _group_files(group: GroupResult) -> set[str]:
+    """Every payload file a group's members wrote or reference."""
+    files: set[str] = set()
+    for rollout in group.rollouts:
+        files.update(rollout.files)
+        for sample in rollout.samples:
+            files.update(sample.files)
+    return files
+
+
+def _is_trainable(sample: Sample, max_seq_len: int) -> bool:
+    return (
+        sample.untrainable is None
+        and sample.loss_tokens > 0
+        and len(sample.token_ids) <= max_seq_len
+    )
+
+
+def _judge(group: GroupResult, limits: SinkLimits, bound: int) -> _Verdict:
+    """Apply the admission rules, in order, to a finished group (see `TrainSink.admit`)."""
+    discards = dict.fromkeys(Discard, 0)
+    if group.start_version < bound:
+        discards[Discard.STALE] = sum(_units(rollout) for rollout in group.rollouts)
+        return _Verdict(discards, ())
+
+    scored = [rollout for rollout in group.rollouts if rollout.failed is None]
+    discards[Discard.FAILED] = len(group.rollouts) - len(scored)
+    if not scored:
+        return _Verdict(discards, ())
+    mean_reward = math.fsum(rollout.reward for rollout in scored) / len(scored)
+
+    survivors: list[QueuedSample] = []
+    for rollout in scored:
+        if not rollout.samples:
+            # It ran to the end but yielded no branch: nothing to train on.
+            discards[Discard.UNTRAINABLE] += 1
+        for sample in rollout.samples:
+            if not _is_trainable(sample, limits.max_seq_len):
+                discards[Discard.UNTRAINABLE] += 1
+                continue
+            survivors.append(
+                QueuedSample(
+                    sample=sample,
+                    group_id=group.group_id,
+                    start_version=group.start_version,
+                    dispatch_version=rollout.dispatch_version,
+                    reward=rollout.reward,
+                    advantage=rollout.reward - mean_reward,
+                )
+            )
+
+    if all(abs(queued.advantage) < _ZERO_ADVANTAGE for queued in survivors):
+        discards[Discard.NO_SIGNAL] = len(survivors)
+        return _Verdict(discards, ())
+    # Written as "not inside" so that a NaN mean reward is rejected too.
+    lo, hi = limits.curriculum_min_mean_reward, limits.curriculum_max_mean_reward
+    if not lo <= mean_reward <= hi:
+        discards[Discard.CURRICULUM] = len(survivors)
+        return _Verdict(discards, ())
+    return _Verdict(discards, tuple(survivors))
+
+
+@attrs.define
+class TrainSink:
+    """Scores finished groups, queues trainable samples FIFO and assembles batches.
+
+    Every method that discards returns the payload files to delete now, sorted, each once.
+    """
+
+    limits: SinkLimits
+    _refs: PayloadRefs = attrs.field(factory=PayloadRefs, init=False)
+    _queue: deque[_QueuedGroup] = attrs.field(factory=deque, init=False)
+    _counters: dict[Discard, int] = attrs.field(
+        factory=lambda: dict.fromkeys(Discard, 0), init=False
+    )
+    _queued_samples: int = attrs.field(default=0, init=False)
+    _admitted: int = attrs.field(default=0, init=False)
+    _shipped: int = attrs.field(default=0, init=False)
+    _abandoned: int = attrs.field(default=0, init=False)
+
+    # -- state, read-only ---------------------------------------------------------------
+
+    @property
+    def counters(self) -> Mapping[str, int]:
+        """Discarded units by reason (`Discard` value), every reason present (a copy)."""
+        return {reason.value: count for reason, count in self._counters.items()}
+
+    @property
+    def queued_samples(self) -> int:
+        """Samples waiting in the queue."""
+        return self._queued_samples
+
+    @property
+    def queued_groups(self) -> int:
+        """Groups waiting in the queue."""
+        return len(self._queue)
+
+    @property
+    def oldest_start_version(self) -> int | None:
+        """The lowest start version among queued groups, or `None` when the queue is empty."""
+        return min((group.start_version for group in self._queue), default=None)
+
+    @property
+    def admitted(self) -> int:
+        """Units admitted so far (see the module docstring for what a unit is)."""
+        return self._admitted
+
+    @property
+    def shipped(self) -> int:
+        """Samples shipped in assembled batches so far."""
+        return self._shipped
+
+    @property
+    def abandoned(self) -> int:
+        """Samples dropped by `drop_all` (not a discard: nothing was wrong with them)."""
+        return self._abandoned
+
+    @property
+    def refs(self) -> PayloadRefs:
+        """The reference counts (read them; the sink owns the changes)."""
+        return self._refs
+
+    def queued(self) -> list[QueuedSample]:
+        """The queued samples, oldest group first (a copy)."""
+        return [sample for group in self._queue for sample in group.samples]
+
+    # -- operations ---------------------------------------------------------------------
+
+    def admit(self, group: GroupResult, next_step: int) -> list[str]:
+        """Score a finished group and queue its trainable samples; return files to delete.
+
+        `next_step` is the next batch to be assembled. The rules, in order:
+
+        1. *stale*: the group's start version is below `min_fresh_version(next_step, m)`:
+           every member is discarded.
+        2. *failed*: each failed member is discarded.
+        3. advantages: each member's reward minus the mean reward of the non-failed ones.
+        4. *untrainable*: a branch marked untrainable, without loss tokens or longer than
+           `max_seq_len` is discarded (so is a member that yielded no branch).
+        5. *no_signal*: every remaining advantage is zero (or nothing remains).
+        6. *curriculum*: the mean reward is outside the curriculum's range.
+        7. the remaining samples are queued as one group, holding their files.
+
+        Returned: every file of the group (a member's `files` and its samples' `files`)
+        that no queued or shipped sample references, so the files of discarded members
+        and branches go at once while a file shared with a queued sibling stays.
+        """
+        bound = min_fresh_version(next_step, self.limits.max_off_policy_steps)
+        verdict = _judge(group, self.limits, bound)
+        self._admitted += sum(_units(rollout) for rollout in group.rollouts)
+        for reason, count in verdict.discards.items():
+            self._counters[reason] += count
+        if verdict.queued:
+            for queued in verdict.queued:
+                self._refs.hold(queued.sample.files)
+            self._queue.append(_QueuedGroup(group.group_id, group.start_version, verdict.queued))
+            self._queued_samples += len(verdict.queued)
+        return sorted(self._refs.orphans(_group_files(group)))
+
+    def drop_stale(self, next_step: int) -> list[str]:
+        """The sweep: discard queued groups whose start version is below
+        `min_fresh_version(next_step, m)` (counted `stale`); return files to delete."""
+        bound = min_fresh_version(next_step, self.limits.max_off_policy_steps)
+        kept: deque[_QueuedGroup] = deque()
+        dropped: list[QueuedSample] = []
+        for group in self._queue:
+            if group.start_version < bound:
+                dropped.extend(group.samples)
+            else:
+                kept.append(group)
+        self._queue = kept
+        self._counters[Discard.STALE] += len(dropped)
+        return self._leave(dropped)
+
+    def ready(self, next_step: int) -> bool:
+        """Whether the queue holds enough fresh samples to assemble batch `next_step`."""
+        bound = min_fresh_version(next_step, self.limits.max_off_policy_steps)
+        fresh = sum(len(group.samples) for group in self._queue if group.start_version >= bound)
+        return fresh >= self.limits.batch_size
+
+    def assemble(self, step: int) -> tuple[list[QueuedSample], list[str]]:
+        """Take batch `step` off the queue; return its samples and the files to delete.
+
+        Stale groups are swept first, so the batch never holds a group whose start version
+        is below `min_fresh_version(step, m)`. Then whole groups are taken oldest first:
+        with `constant_size`, exactly `batch_size` samples (the surplus of the last group
+        taken is discarded as `pruned`); otherwise whole groups until there are at least
+        `batch_size`. The shipped samples' files are pinned: from now on only the version
+        collector deletes them.
+
+        Raises `SinkNotReady` (changing nothing) unless `ready(step)`.
+        """
+        if not self.ready(step):
+            raise SinkNotReady(
+                f"batch {step} needs {self.limits.batch_size} fresh queued samples; "
+                f"the queue holds {self._queued_samples} in {len(self._queue)} groups"
+            )
+        deletable = self.drop_stale(step)
+        batch: list[QueuedSample] = []
+        while len(batch) < self.limits.batch_size:
+            batch.extend(self._queue.popleft().samples)
+        pruned: list[QueuedSample] = []
+        if self.limits.constant_size:
+            batch, pruned = batch[: self.limits.batch_size], batch[self.limits.batch_size :]
+
+        # Pin before releasing, so a file the batch shares with a pruned sibling stays.
+        for queued in batch:
+            self._refs.pin(queued.sample.files)
+        shipped_files = self._leave(batch)
+        assert not shipped_files, "a pinned file was reported deletable"
+        self._shipped += len(batch)
+        self._counters[Discard.PRUNED] += len(pruned)
+        deletable.extend(self._leave(pruned))
+        return batch, sorted(set(deletable))
+
+    def drop_all(self) -> list[str]:
+        """Empty the queue (shutdown); return the files to delete.
+
+        The dropped samples are counted as `abandoned`, not as a discard: nothing was wrong
+        with them, the run is just ending (a resumed run starts with an empty queue).
+        """
+        dropped = [queued for group in self._queue for queued in group.samples]
+        self._queue.clear()
+        self._abandoned += len(dropped)
+        return self._leave(dropped)
+
+    def forget_versions_below(self, bound: int) -> int:
+        """Forget pinned files in `v<k>` directories with `k < bound`, after the version
+        collector removed them; returns how many pins were forgotten."""
+        return self._refs.drop_versions_below(bound)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _leave(self, samples: Iterable[QueuedSample]) -> list[str]:
+        """Release the holds of samples that left the queue; return files now deletable."""
+        deletable: set[str] = set()
+        count = 0
+        for queued in samples:
+            count += 1
+            deletable.update(self._refs.release(queued.sample.files))
+        self._queued_samples -= count
+        return sorted(deletable)
