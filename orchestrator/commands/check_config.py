@@ -1,0 +1,36 @@
+"""`orchestrator check-config FILE [--set KEY=VALUE ...]`: validate a config, print it resolved."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from orchestrator.config import Config, add_config_arguments, config_from_args, config_to_toml
+
+HELP = "validate a config file and print it resolved, with its derived values"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """FILE (positional) and any number of `--set KEY=VALUE` overrides."""
+    add_config_arguments(parser, positional=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the resolved config as TOML (exit 0); a bad config raises ConfigError (exit 2)."""
+    config = config_from_args(args)
+    sys.stdout.write(derived_values_comment(config) + "\n" + config_to_toml(config))
+    return 0
+
+
+def derived_values_comment(config: Config) -> str:
+    """TOML comment lines with what the daemon derives from the config, and why."""
+    mode = "by handle" if config.by_handle else "inline"
+    lines = [
+        "# Resolved config (every key, defaults included); derived values:",
+        f"#   payload mode: {mode} ({config.payload_mode_reason})",
+        f"#   payload root: {config.payload_root}",
+        f"#   batches_dir:  {config.batches_dir}",
+        f"#   weights_dir:  {config.weights_dir}",
+        f"#   state_dir:    {config.state_dir}",
+    ]
+    return "\n".join(lines) + "\n"
