@@ -12,10 +12,21 @@ from ._errors import PayloadError as PayloadError
 from ._errors import PayloadMissing as PayloadMissing
 from ._inline import decode_inline as decode_inline
 from ._inline import encode_inline as encode_inline
+from ._reader import read_sample_payload as read_sample_payload
+from ._reader import read_segment as read_segment
 from ._routing import compact_routed_experts as compact_routed_experts
 from ._segment import FIELD_NDIM as FIELD_NDIM
 from ._segment import FIELDS as FIELDS
 from ._segment import PayloadSegment as PayloadSegment
+from ._stitch import SENTINEL as SENTINEL
+from ._stitch import Clip as Clip
+from ._stitch import FinalTokenRoute as FinalTokenRoute
+from ._stitch import plan_routing as plan_routing
+from ._stitch import sentinel_dtype as sentinel_dtype
+from ._stitch import stitch_inline_masks as stitch_inline_masks
+from ._stitch import stitch_inline_routing as stitch_inline_routing
+from ._stitch import stitch_masks as stitch_masks
+from ._stitch import stitch_routing as stitch_routing
 from ._validate import validate_payload_dir as validate_payload_dir
 from ._validate import validate_segment as validate_segment
 from ._validate import validate_segments as validate_segments
@@ -26,7 +37,10 @@ from ._writer import write_payload_file as write_payload_file
 __all__ = [
     "FIELDS",
     "FIELD_NDIM",
+    "SENTINEL",
     "BadSegment",
+    "Clip",
+    "FinalTokenRoute",
     "PayloadCorrupt",
     "PayloadError",
     "PayloadMissing",
@@ -35,6 +49,14 @@ __all__ = [
     "decode_inline",
     "encode_inline",
     "payload_digest",
+    "plan_routing",
+    "read_sample_payload",
+    "read_segment",
+    "sentinel_dtype",
+    "stitch_inline_masks",
+    "stitch_inline_routing",
+    "stitch_masks",
+    "stitch_routing",
     "validate_payload_dir",
     "validate_segment",
     "validate_segments",

@@ -1,0 +1,277 @@
+"""Read a sample's payload arrays from its segments (trainer side; blocking).
+
+Every segment is validated before any byte is read, so nothing outside `payload_dir` is
+ever opened; files are opened relative to the directory and without following symbolic
+links. Only the bytes of the requested rows are read, unless digests are verified: then
+each digested byte range is read whole (once, however many segments were clipped from
+it), hashed, and sliced.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from ._digest import payload_digest
+from ._errors import BadSegment, PayloadCorrupt, PayloadMissing
+from ._segment import FIELDS, PayloadSegment, stored_dtype
+from ._validate import validate_segment
+
+
+def read_sample_payload(
+    payload_dir: Path,
+    segments: Mapping[str, Sequence[PayloadSegment]],
+    sample_len: int,
+    *,
+    rows: range | None = None,
+    verify: bool = False,
+) -> dict[str, np.ndarray]:
+    """Read a sample's stitched segments (field -> segments) into one array per field.
+
+    ``routed_experts`` is ``[n, layers, top_k]``; its segments must cover positions
+    ``0 .. sample_len - 1`` exactly once, as `stitch_routing` makes them; a ``-1`` fill
+    segment widens the dtype as `stitch_inline_routing` does. ``sampling_mask`` is
+    ``int32 [n, W]``, ``W`` the widest segment, ``-1`` where no segment has a row and for
+    padding. ``n`` is `sample_len`, or ``len(rows)`` when `rows` (a window of positions
+    with step 1, as a context-parallel rank reads) is given; then only those rows' bytes
+    are read. With `verify`, digests are checked.
+
+    Raises `BadSegment` (before reading anything) for a segment that fails
+    `validate_segment`, is filed under another field, lies past the sample or overlaps
+    another, for routing that does not cover the sample, and for a symlink or non-regular
+    file; `PayloadMissing` naming the file when it is missing or too short;
+    `PayloadCorrupt` on a digest mismatch; `ValueError` for a bad `rows` window.
+    """
+    window = _check_window(rows, sample_len)
+    for field, field_segments in segments.items():
+        if field not in FIELDS:
+            raise BadSegment("field", "", f"unknown field {field!r}")
+        for segment in field_segments:
+            if segment.field != field:
+                raise BadSegment("field", segment.file, f"{segment.field} filed under {field}")
+            validate_segment(segment, payload_dir=payload_dir)
+    routed = segments.get("routed_experts")
+    masks = segments.get("sampling_mask")
+    if routed is not None:
+        _check_layout(routed, sample_len, exact=True)
+    if masks is not None:
+        _check_layout(masks, sample_len, exact=False)
+    out: dict[str, np.ndarray] = {}
+    with _PayloadFiles(payload_dir, verify=verify) as files:
+        if routed is not None:
+            out["routed_experts"] = _assemble_routing(files, routed, window)
+        if masks is not None:
+            out["sampling_mask"] = _assemble_masks(files, masks, window)
+    return out
+
+
+def read_segment(payload_dir: Path, segment: PayloadSegment, *, verify: bool = False) -> np.ndarray:
+    """Read one segment's whole array (a fill segment's, widened so its value fits).
+
+    Raises like `read_sample_payload`.
+    """
+    validate_segment(segment, payload_dir=payload_dir)
+    if segment.fill is not None:
+        return np.full(segment.shape, segment.fill, dtype=_fill_dtype([segment]))
+    with _PayloadFiles(payload_dir, verify=verify) as files:
+        return files.read_rows(segment, 0, segment.rows)
+
+
+class _PayloadFiles:
+    """The open files of one read, opened once each, closed on exit."""
+
+    def __init__(self, payload_dir: Path, *, verify: bool) -> None:
+        self._payload_dir = payload_dir
+        self._verify = verify
+        self._dir_fd: int | None = None
+        self._files: dict[str, tuple[int, int]] = {}  # name -> (fd, size)
+        self._verified: dict[tuple[str, int, int], bytes] = {}
+
+    def __enter__(self) -> _PayloadFiles:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for fd, _ in self._files.values():
+            os.close(fd)
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+
+    def read_rows(self, segment: PayloadSegment, first_row: int, rows: int) -> np.ndarray:
+        """Rows ``first_row .. first_row + rows - 1`` of a (non-fill) segment, native order."""
+        dtype = stored_dtype(segment.dtype)
+        start = segment.offset + first_row * segment.row_nbytes
+        length = rows * segment.row_nbytes
+        if self._verify:
+            parent_offset, _ = segment.digest_range
+            data = self._verified_range(segment)
+            # A copy: the array handed out must be writable and not pin the whole range.
+            raw = bytearray(
+                memoryview(data)[start - parent_offset : start - parent_offset + length]
+            )
+        else:
+            raw = self._pread(segment.file, start, length)
+        array = np.frombuffer(raw, dtype=dtype).reshape((rows, *segment.shape[1:]))
+        return array.astype(np.dtype(segment.dtype), copy=False)
+
+    def _verified_range(self, segment: PayloadSegment) -> bytes:
+        offset, nbytes = segment.digest_range
+        key = (segment.file, offset, nbytes)
+        data = self._verified.get(key)
+        if data is None:
+            data = bytes(self._pread(segment.file, offset, nbytes))
+            if payload_digest(data) != segment.digest:
+                raise PayloadCorrupt(
+                    self._payload_dir / segment.file,
+                    f"{segment.field} bytes {offset}..{offset + nbytes}",
+                )
+            self._verified[key] = data
+        return data
+
+    def _pread(self, name: str, offset: int, length: int) -> bytearray:
+        fd, size = self._open(name)
+        path = self._payload_dir / name
+        if offset + length > size:
+            raise PayloadMissing(path, f"file has {size} bytes, a segment needs {offset + length}")
+        buffer = bytearray(length)
+        view = memoryview(buffer)
+        done = 0
+        while done < length:
+            got = os.preadv(fd, [view[done:]], offset + done)
+            if got == 0:
+                # The file shrank since it was opened.
+                raise PayloadMissing(path, f"file ends at byte {offset + done}")
+            done += got
+        return buffer
+
+    def _open(self, name: str) -> tuple[int, int]:
+        opened = self._files.get(name)
+        if opened is not None:
+            return opened
+        path = self._payload_dir / name
+        if self._dir_fd is None:
+            try:
+                self._dir_fd = os.open(
+                    self._payload_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+                )
+            except FileNotFoundError:
+                raise PayloadMissing(self._payload_dir, "no such directory") from None
+        try:
+            # O_NOFOLLOW, relative to the directory: the file opened is the one validated.
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            raise PayloadMissing(path) from None
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise BadSegment("symlink", name, f"{str(path)!r} is a symbolic link") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise BadSegment("not_regular_file", name, f"{str(path)!r} is not a regular file")
+        self._files[name] = (fd, st.st_size)
+        return fd, st.st_size
+
+
+def _check_window(rows: range | None, sample_len: int) -> range:
+    if sample_len < 0:
+        raise ValueError(f"sample_len must not be negative, got {sample_len}")
+    if rows is None:
+        return range(sample_len)
+    if rows.step != 1 or not 0 <= rows.start <= rows.stop <= sample_len:
+        raise ValueError(f"rows must be a range with step 1 inside 0..{sample_len}, got {rows}")
+    return rows
+
+
+def _check_layout(segments: Sequence[PayloadSegment], sample_len: int, *, exact: bool) -> None:
+    """Segments lie inside the sample without overlap; with `exact`, cover it whole.
+
+    Segments of one field also share a dtype and a row shape (masks: any width).
+    """
+    if not segments:
+        if exact and sample_len:
+            raise BadSegment("coverage", "", f"no segments cover the {sample_len} positions")
+        return
+    first = segments[0]
+    covered = 0
+    for segment in sorted(segments, key=lambda s: s.pos):
+        if segment.dtype != first.dtype:
+            raise BadSegment("dtype", segment.file, f"dtype {segment.dtype} != {first.dtype}")
+        if segment.field == "routed_experts" and segment.shape[1:] != first.shape[1:]:
+            raise BadSegment(
+                "shape",
+                segment.file,
+                f"row shape {list(segment.shape[1:])} != {list(first.shape[1:])}",
+            )
+        if segment.pos < covered or (exact and segment.pos > covered):
+            raise BadSegment(
+                "coverage", segment.file, f"{segment.field} rows at {segment.pos} after {covered}"
+            )
+        covered = segment.pos + segment.rows
+        if covered > sample_len:
+            raise BadSegment(
+                "out_of_range",
+                segment.file,
+                f"rows end at {covered}, past the sample's {sample_len}",
+            )
+    if exact and covered != sample_len:
+        raise BadSegment("coverage", "", f"routing covers {covered} of {sample_len} positions")
+
+
+def _fill_dtype(segments: Sequence[PayloadSegment]) -> np.dtype[np.generic]:
+    dtype: np.dtype[np.generic] = np.dtype(segments[0].dtype)
+    for segment in segments:
+        if segment.fill is not None:
+            dtype = np.promote_types(dtype, np.min_scalar_type(segment.fill))
+    return dtype
+
+
+def _overlap(segment: PayloadSegment, window: range) -> tuple[int, int] | None:
+    lo = max(segment.pos, window.start)
+    hi = min(segment.pos + segment.rows, window.stop)
+    return (lo, hi) if lo < hi else None
+
+
+def _assemble_routing(
+    files: _PayloadFiles, segments: Sequence[PayloadSegment], window: range
+) -> np.ndarray:
+    if not segments:
+        return np.empty((0, 0, 0), dtype=np.uint8)
+    out = np.empty((len(window), *segments[0].shape[1:]), dtype=_fill_dtype(segments))
+    _place(files, segments, window, out)
+    return out
+
+
+def _assemble_masks(
+    files: _PayloadFiles, segments: Sequence[PayloadSegment], window: range
+) -> np.ndarray:
+    width = max((s.shape[1] for s in segments), default=0)
+    out = np.full((len(window), width), -1, dtype=np.int32)
+    _place(files, segments, window, out)
+    return out
+
+
+def _place(
+    files: _PayloadFiles, segments: Sequence[PayloadSegment], window: range, out: np.ndarray
+) -> None:
+    """Copy each segment's rows inside `window` into `out` (row 0 = ``window.start``)."""
+    for segment in segments:
+        rows = _overlap(segment, window)
+        if rows is None:
+            continue
+        lo, hi = rows
+        target = out[lo - window.start : hi - window.start, ..., : segment.shape[-1]]
+        if segment.fill is not None:
+            target[...] = segment.fill
+        else:
+            target[...] = files.read_rows(segment, lo - segment.pos, hi - lo)
