@@ -1,1 +1,57 @@
-"""payload_gc: delete versioned payload directories below a staleness bound, safely."""
+"""payload_gc: delete versioned payload directories below a staleness bound, safely.
+
+A payload root holds one directory per policy version, `<root>/v<k>/`. Once no unread
+batch can reference version `k` any more (`k < min_fresh_version(s + 1, m)` after `v{s}`
+is applied everywhere), `collect_below` deletes those directories without ever following
+a link or leaving the root's filesystem. `wipe_root` empties a root for a fresh run.
+"""
+
+from ._collect import (
+    CollectionError,
+    CollectionReport,
+    DeletedDir,
+    collect_below,
+    collect_below_sync,
+)
+from ._errors import LockHeld, PayloadGCError, RootMissing, RootRefused
+from ._plan import (
+    CollectionPlan,
+    EntryKind,
+    KeepReason,
+    KeptEntry,
+    PlannedDeletion,
+    RootEntry,
+    Usage,
+    plan_collection,
+)
+from ._scan import plan_root, scan_root
+from ._versions import min_fresh_version, parse_version
+from ._wipe import WipeReport, init_root, wipe_root, wipe_root_async
+
+__all__ = [
+    "CollectionError",
+    "CollectionPlan",
+    "CollectionReport",
+    "DeletedDir",
+    "EntryKind",
+    "KeepReason",
+    "KeptEntry",
+    "LockHeld",
+    "PayloadGCError",
+    "PlannedDeletion",
+    "RootEntry",
+    "RootMissing",
+    "RootRefused",
+    "Usage",
+    "WipeReport",
+    "collect_below",
+    "collect_below_sync",
+    "init_root",
+    "min_fresh_version",
+    "parse_version",
+    "plan_collection",
+    "plan_root",
+    "scan_root",
+    "wipe_root",
+    "wipe_root_async",
+]

@@ -1,0 +1,262 @@
+"""One collector at a time per root: the lock file `<root>/.payload-gc/lock`.
+
+The lock is a file created with `O_EXCL` (atomic on local filesystems and NFS alike,
+unlike `flock`, which some cluster filesystems do not support) holding the owner's host,
+pid and start time. A lock left by a process that died on this host is stale and taken
+over; a lock from another host cannot be checked and is reported.
+
+The lock prevents duplicate work and interleaved audit lines; deletion itself stays
+correct without it, because a missing file counts as deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import trio
+
+from ._errors import LockHeld, PayloadGCError
+from ._layout import CONTROL_DIR_NAME, LOCK_NAME
+from ._tree import DIR_FLAGS
+
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+log = logging.getLogger("payload_gc")
+
+#: The async APIs poll a held lock this often at first, backing off to the maximum.
+LOCK_POLL_INITIAL_S = 0.05
+LOCK_POLL_MAX_S = 1.0
+#: Attempts at creating the lock when a stale one was just removed under us.
+_ATTEMPTS = 3
+
+
+@attrs.frozen
+class LockOwner:
+    """Who holds a lock. `boot_id` and `start_ticks` (Linux only) tell a live owner from
+    a reused pid or a previous boot; `token` tells two owners in one process apart."""
+
+    host: str
+    pid: int
+    time: float
+    token: str
+    boot_id: str | None = None
+    start_ticks: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(attrs.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> LockOwner | None:
+        """Parse a lock file's content; `None` if it is not a lock we wrote."""
+        try:
+            data = json.loads(raw)
+            owner = cls(
+                host=str(data["host"]),
+                pid=int(data["pid"]),
+                time=float(data["time"]),
+                token=str(data["token"]),
+                boot_id=None if data.get("boot_id") is None else str(data["boot_id"]),
+                start_ticks=None if data.get("start_ticks") is None else int(data["start_ticks"]),
+            )
+        except (ValueError, TypeError, KeyError):
+            return None
+        # pid 0 or negative would make os.kill address a process group.
+        return owner if owner.pid > 0 else None
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The start time of process `pid` in clock ticks since boot (Linux), or None."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+        # The command name (field 2) may hold spaces and parentheses: split after it.
+        return int(raw[raw.rindex(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def current_owner() -> LockOwner:
+    pid = os.getpid()
+    return LockOwner(
+        host=socket.gethostname(),
+        pid=pid,
+        time=time.time(),
+        token=secrets.token_hex(8),
+        boot_id=_boot_id(),
+        start_ticks=_start_ticks(pid),
+    )
+
+
+def _is_stale(owner: LockOwner) -> bool:
+    """Whether the process that wrote this lock is certainly gone (only decidable for a
+    process of this host)."""
+    if owner.host != socket.gethostname():
+        return False
+    if owner.boot_id is not None and owner.boot_id != _boot_id():
+        return True
+    try:
+        os.kill(owner.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    # Alive, unless the pid was reused by a younger process.
+    ticks = _start_ticks(owner.pid)
+    return owner.start_ticks is not None and ticks is not None and ticks != owner.start_ticks
+
+
+@attrs.define
+class HeldLock:
+    """The lock this process holds on a root; `release` it exactly once."""
+
+    control_fd: int
+    owner: LockOwner
+
+    def release(self) -> None:
+        """Remove the lock file if it is still ours (a lock broken as stale by mistake
+        and re-taken by another collector is left alone)."""
+        raw = _read(self.control_fd, LOCK_NAME)
+        held = None if raw is None else LockOwner.from_json(raw)
+        if held is not None and held.token == self.owner.token:
+            try:
+                os.unlink(LOCK_NAME, dir_fd=self.control_fd)
+            except FileNotFoundError:
+                pass
+
+
+def open_control_dir(root_fd: int, root: str) -> int:
+    """Open (creating it if needed) `<root>/.payload-gc`, refusing anything but a plain
+    directory there. Raises `PayloadGCError` with a one-line message."""
+    label = f"{root}/{CONTROL_DIR_NAME}"
+    try:
+        os.mkdir(CONTROL_DIR_NAME, 0o755, dir_fd=root_fd)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise PayloadGCError(f"cannot create {label}: {exc.strerror}") from None
+    try:
+        return os.open(CONTROL_DIR_NAME, DIR_FLAGS, dir_fd=root_fd)
+    except OSError as exc:
+        raise PayloadGCError(f"cannot open {label} as a directory: {exc.strerror}") from None
+
+
+def _read(dir_fd: int, name: str) -> bytes | None:
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def try_acquire(control_fd: int, root: str) -> HeldLock:
+    """Take the lock of `root` (its control directory open as `control_fd`) once.
+
+    A stale lock (its process died on this host) is taken over. Raises `LockHeld` naming
+    the holder if another live collector (or one on another host) holds it, and
+    `PayloadGCError` if the lock file cannot be written.
+    """
+    for _ in range(_ATTEMPTS):
+        owner = current_owner()
+        try:
+            fd = os.open(LOCK_NAME, _CREATE_FLAGS, 0o644, dir_fd=control_fd)
+        except FileExistsError:
+            raw = _read(control_fd, LOCK_NAME)
+            if raw is None:
+                continue  # released meanwhile: try again
+            holder = LockOwner.from_json(raw)
+            if holder is not None and _is_stale(holder):
+                _break_stale(control_fd, raw)
+                continue
+            raise _held_error(control_fd, root, holder) from None
+        except OSError as exc:
+            raise PayloadGCError(
+                f"cannot create lock {root}/{CONTROL_DIR_NAME}/{LOCK_NAME}: {exc.strerror}"
+            ) from None
+        try:
+            os.write(fd, (owner.to_json() + "\n").encode())
+        finally:
+            os.close(fd)
+        return HeldLock(control_fd, owner)
+    raise _held_error(control_fd, root, None)
+
+
+def _break_stale(control_fd: int, stale: bytes) -> None:
+    """Remove a stale lock whose content was `stale`, without removing a live lock that
+    another collector may have put in its place since we read it."""
+    aside = f"{LOCK_NAME}.stale-{secrets.token_hex(8)}"
+    try:
+        os.rename(LOCK_NAME, aside, src_dir_fd=control_fd, dst_dir_fd=control_fd)
+    except FileNotFoundError:
+        return
+    try:
+        if _read(control_fd, aside) != stale:
+            # We moved a fresh lock: put it back unless a third collector already
+            # created one (then two hold it; harmless, see the module docstring).
+            try:
+                os.link(aside, LOCK_NAME, src_dir_fd=control_fd, dst_dir_fd=control_fd)
+            except FileExistsError:
+                pass
+    finally:
+        try:
+            os.unlink(aside, dir_fd=control_fd)
+        except FileNotFoundError:
+            pass
+
+
+def _held_error(control_fd: int, root: str, holder: LockOwner | None) -> LockHeld:
+    path = f"{root}/{CONTROL_DIR_NAME}/{LOCK_NAME}"
+    if holder is None:
+        try:
+            age = time.time() - os.stat(LOCK_NAME, dir_fd=control_fd).st_mtime
+        except OSError:
+            age = 0.0
+        return LockHeld(
+            f"payload root {root} is locked ({path}, unreadable, {age:.0f} s old); "
+            "another collector may be starting: retry, or delete the file if none runs",
+            host=None,
+            pid=None,
+            age_s=age,
+        )
+    age = max(0.0, time.time() - holder.time)
+    return LockHeld(
+        f"payload root {root} is locked by pid {holder.pid} on {holder.host} "
+        f"for {age:.0f} s ({path}); retry later, or delete the file if that process is gone",
+        host=holder.host,
+        pid=holder.pid,
+        age_s=age,
+    )
+
+
+async def wait_for_lock(try_lock: Callable[[], None]) -> None:
+    """Call the blocking `try_lock` in a worker thread until it stops raising `LockHeld`,
+    sleeping between attempts (cancellable; the caller sets the deadline)."""
+    delay = LOCK_POLL_INITIAL_S
+    waiting = False
+    while True:
+        try:
+            await trio.to_thread.run_sync(try_lock)
+        except LockHeld as exc:
+            if not waiting:
+                log.info("waiting for the lock: %s", exc)
+                waiting = True
+            await trio.sleep(delay)
+            delay = min(delay * 2, LOCK_POLL_MAX_S)
+        else:
+            return

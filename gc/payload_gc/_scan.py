@@ -1,0 +1,64 @@
+"""Listing a payload root's direct children, measured, for plans and status reports."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ._plan import CollectionPlan, EntryKind, RootEntry, Usage, plan_collection
+from ._tree import entry_kind, list_dir, measure_dir, open_root
+
+
+def list_root(root_fd: int, *, measure: bool) -> list[RootEntry]:
+    """The direct children of the open root, without following links; with `measure`,
+    version-named directories on the root's filesystem carry their usage (links
+    `Usage(0, 0)`). Entries that vanish while listed are left out."""
+    root_dev = os.fstat(root_fd).st_dev
+    entries: list[RootEntry] = []
+    for dirent in list_dir(root_fd):
+        try:
+            st = dirent.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        kind = entry_kind(st.st_mode)
+        entry = RootEntry(dirent.name, kind, same_filesystem=st.st_dev == root_dev)
+        if measure and entry.version is not None:
+            entry = _measured(root_fd, entry, root_dev)
+        entries.append(entry)
+    return entries
+
+
+def _measured(root_fd: int, entry: RootEntry, root_dev: int) -> RootEntry:
+    if entry.kind is EntryKind.SYMLINK:
+        return RootEntry(entry.name, entry.kind, entry.same_filesystem, Usage(0, 0))
+    if entry.kind is not EntryKind.DIRECTORY or not entry.same_filesystem:
+        return entry
+    try:
+        usage = measure_dir(root_fd, entry.name, root_dev)
+    except OSError:
+        # Vanished or unreadable: shown as unmeasured rather than failing the listing.
+        return entry
+    return RootEntry(entry.name, entry.kind, entry.same_filesystem, usage)
+
+
+def scan_root(root: str | os.PathLike[str]) -> list[RootEntry]:
+    """List the direct children of `root` without following links, with the files and
+    bytes each version directory holds (so it also serves per-version disk use).
+
+    Raises `RootMissing` if `root` does not exist, `RootRefused` if it is a symbolic
+    link or not a directory, `PayloadGCError` if it cannot be read.
+    """
+    root_fd = open_root(os.fspath(root))
+    try:
+        return list_root(root_fd, measure=True)
+    finally:
+        os.close(root_fd)
+
+
+def plan_root(root: str | os.PathLike[str], bound: int) -> CollectionPlan:
+    """Scan `root` and plan a collection at `bound`: what a real collection would delete
+    right now (with files and bytes) and why everything else stays. Deletes nothing.
+
+    Raises what `scan_root` raises.
+    """
+    return plan_collection(scan_root(Path(root)), bound)

@@ -1,0 +1,59 @@
+"""The staleness bound and version directory names (DESIGN §3), pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from payload_gc import min_fresh_version, parse_version
+
+
+def test_bound_is_step_minus_one_minus_m() -> None:
+    assert min_fresh_version(11, 2) == 8
+    assert min_fresh_version(1, 0) == 0
+    assert min_fresh_version(5, 0) == 4
+
+
+def test_bound_may_be_negative_early_in_a_run() -> None:
+    # No clamp: batch 1 with m = 3 admits any start version.
+    assert min_fresh_version(1, 3) == -3
+    assert min_fresh_version(0, 0) == -1
+
+
+def test_negative_max_off_policy_steps_is_an_error() -> None:
+    with pytest.raises(ValueError, match="max_off_policy_steps must be >= 0, got -1"):
+        min_fresh_version(3, -1)
+
+
+@pytest.mark.parametrize(
+    ("name", "version"),
+    [("v0", 0), ("v3", 3), ("v10", 10), ("v123456789012", 123456789012)],
+)
+def test_parse_canonical_names(name: str, version: int) -> None:
+    assert parse_version(name) == version
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "v",
+        "v-1",
+        "v+1",
+        "v3a",
+        "v 3",
+        "v3 ",
+        "v3\n",
+        "V3",
+        "3",
+        "vv3",
+        "v3.0",
+        "v٣",  # ARABIC-INDIC DIGIT THREE: str.isdigit accepts it, we do not
+        "v³",  # SUPERSCRIPT THREE
+        "v007",  # leading zeros: not the canonical name of version 7
+        "v00",
+        ".v3",
+        "v3/",
+    ],
+)
+def test_parse_rejects_everything_else(name: str) -> None:
+    assert parse_version(name) is None
