@@ -1,0 +1,133 @@
+"""`orchestrator sim-inference`: run one simulated inference server until SIGINT/SIGTERM.
+
+When the server is ready it prints one line, `listening on http://HOST:PORT`, on stdout
+(flushed), so a parent process can wait for it and learn the port chosen for `--port 0`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import UserError
+
+if TYPE_CHECKING:
+    from orchestrator.sim import SimInferenceConfig
+
+HELP = "run one simulated inference server (the local fleet's unit)"
+
+_FAULT_FLAGS = ("http_500", "hang", "malformed", "bad_segment", "payload_error")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the server's options to `parser`."""
+    listen = parser.add_argument_group("listening")
+    listen.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    listen.add_argument(
+        "--port", type=int, default=0, help="port to bind; 0 picks a free one (default)"
+    )
+    model = parser.add_argument_group("model shape")
+    model.add_argument("--layers", type=int, default=48, help="MoE layers (default %(default)s)")
+    model.add_argument(
+        "--top-k", type=int, default=8, help="experts per token (default %(default)s)"
+    )
+    model.add_argument(
+        "--num-experts", type=int, default=128, help="experts per layer (default %(default)s)"
+    )
+    model.add_argument("--vocab-size", type=int, default=32000, help="(default %(default)s)")
+    model.add_argument(
+        "--block-size", type=int, default=16, help="prefix cache block (default %(default)s)"
+    )
+    model.add_argument("--model-seed", type=int, default=0, help="(default %(default)s)")
+    timing = parser.add_argument_group("latency")
+    timing.add_argument(
+        "--time-per-token-s", type=float, default=0.0, help="seconds per decoded token"
+    )
+    timing.add_argument("--request-overhead-s", type=float, default=0.0, help="fixed per request")
+    timing.add_argument("--weight-update-s", type=float, default=0.0, help="per /update_weights")
+    faults = parser.add_argument_group("fault injection (rates in [0, 1])")
+    for name in _FAULT_FLAGS:
+        faults.add_argument(f"--{name.replace('_', '-')}-rate", type=_rate, default=0.0)
+    faults.add_argument("--fault-seed", type=int, default=0, help="seed of the fault draws")
+    parser.add_argument(
+        "--fsync", action="store_true", help="fsync payload files before closing them"
+    )
+    parser.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")
+
+
+def _rate(text: str) -> float:
+    """A probability from the command line; argparse reports the error with the option."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a rate must be in [0, 1], got {text}")
+    return value
+
+
+def _config(args: argparse.Namespace) -> SimInferenceConfig:
+    """The server config from parsed arguments; `UserError` names a value out of range."""
+    from orchestrator.sim import FaultRates, SimInferenceConfig, SimModel
+
+    try:
+        return SimInferenceConfig(
+            model=SimModel(
+                layers=args.layers,
+                top_k=args.top_k,
+                num_experts=args.num_experts,
+                vocab_size=args.vocab_size,
+                block_size=args.block_size,
+                seed=args.model_seed,
+            ),
+            host=args.host,
+            port=args.port,
+            time_per_token_s=args.time_per_token_s,
+            request_overhead_s=args.request_overhead_s,
+            weight_update_s=args.weight_update_s,
+            faults=FaultRates(**{name: getattr(args, f"{name}_rate") for name in _FAULT_FLAGS}),
+            fault_seed=args.fault_seed,
+            fsync=args.fsync,
+        )
+    except ValueError as exc:
+        # attrs validators name the field, which is the option with `_` for `-`.
+        raise UserError(f"bad option: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT or SIGTERM, then return 0. Raises `UserError` for bad options."""
+    import trio
+
+    from orchestrator.logs import configure_logging
+    from orchestrator.sim import serve_inference
+
+    config = _config(args)
+    configure_logging(json_lines=True if args.log_json else None)
+
+    async def main() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                url = await nursery.start(serve_inference, config)
+                sys.stdout.write(f"listening on {url}\n")
+                sys.stdout.flush()
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(main)
+    except (OSError, BaseExceptionGroup) as exc:
+        bind_error = _only_os_error(exc)
+        if bind_error is None:
+            raise
+        raise UserError(f"cannot serve on {args.host}:{args.port}: {bind_error}") from None
+    return 0
+
+
+def _only_os_error(exc: BaseException) -> OSError | None:
+    """The OSError `exc` is or wraps (through nested groups) alone, else None."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, OSError) else None

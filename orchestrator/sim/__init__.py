@@ -1,0 +1,36 @@
+"""The local fleet: simulated inference servers over a deterministic MoE model.
+
+`serve_inference(SimInferenceConfig(...))` runs one server (DESIGN §4) until cancelled;
+`SimModel` and the pure functions below are what it computes, usable without a server
+(a test can recompute what a server returned).
+"""
+
+from ._faults import Fault as Fault
+from ._faults import FaultRates as FaultRates
+from ._model import Completion as Completion
+from ._model import Generation as Generation
+from ._model import SamplingParams as SamplingParams
+from ._model import SimModel as SimModel
+from ._model import generate as generate
+from ._model import prefix_hashes as prefix_hashes
+from ._model import route as route
+from ._model import sample_completion as sample_completion
+from ._prefix_cache import PrefixCache as PrefixCache
+from .inference import SimInferenceConfig as SimInferenceConfig
+from .inference import serve_inference as serve_inference
+
+__all__ = [
+    "Completion",
+    "Fault",
+    "FaultRates",
+    "Generation",
+    "PrefixCache",
+    "SamplingParams",
+    "SimInferenceConfig",
+    "SimModel",
+    "generate",
+    "prefix_hashes",
+    "route",
+    "sample_completion",
+    "serve_inference",
+]
