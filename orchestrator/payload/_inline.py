@@ -15,6 +15,7 @@ import numpy as np
 
 from ._errors import BadSegment
 from ._segment import FIELD_NDIM, FIELDS, is_json_int, stored_bytes, stored_dtype
+from ._stitch import sentinel_dtype
 
 _KEYS = frozenset({"data", "pos", "shape", "dtype"})
 
@@ -29,12 +30,16 @@ def encode_inline(array: np.ndarray, pos: int) -> dict[str, Any]:
     }
 
 
-def decode_inline(obj: object, *, field: str) -> tuple[np.ndarray, int]:
+def decode_inline(
+    obj: object, *, field: str, allow_sentinel: bool = False
+) -> tuple[np.ndarray, int]:
     """Decode an inline array of `field`; return ``(array, pos)`` with a writable array.
 
     Checks the keys and their types, that the dtype is allowed for the field, that the
     shape has the field's number of non-negative dimensions, that pos is not negative and
-    that the data holds exactly the shape's bytes.
+    that the data holds exactly the shape's bytes. With `allow_sentinel` (a *sample's*
+    routing stitched with ``"sentinel"``), the widened routing dtypes (``int16``,
+    ``int32``) are allowed too; a server's turn never uses them.
 
     Raises `BadSegment` (reasons ``malformed``, ``field``, ``dtype``, ``shape``,
     ``out_of_range``); its file is ``""``.
@@ -42,6 +47,8 @@ def decode_inline(obj: object, *, field: str) -> tuple[np.ndarray, int]:
     allowed = FIELDS.get(field)
     if allowed is None:
         raise BadSegment("field", "", f"unknown field {field!r}")
+    if allow_sentinel and field == "routed_experts":
+        allowed = allowed | {sentinel_dtype(np.dtype(name)).name for name in allowed}
     if not isinstance(obj, dict):
         raise BadSegment("malformed", "", f"inline {field} must be a JSON object")
     if set(obj) != _KEYS:

@@ -64,6 +64,13 @@ def read_sample_payload(
         _check_layout(masks, sample_len, exact=False)
     out: dict[str, np.ndarray] = {}
     with _PayloadFiles(payload_dir, verify=verify) as files:
+        # Every segment's bytes must exist before anything is allocated or read: the
+        # output's size then follows from real files, not from whatever a shape claims,
+        # and every rank of a context-parallel group fails alike on a broken sample.
+        for field_segments in segments.values():
+            for segment in field_segments:
+                if not segment.is_fill:
+                    files.check_size(segment)
         if routed is not None:
             out["routed_experts"] = _assemble_routing(files, routed, window)
         if masks is not None:
@@ -91,7 +98,7 @@ class _PayloadFiles:
         self._verify = verify
         self._dir_fd: int | None = None
         self._files: dict[str, tuple[int, int]] = {}  # name -> (fd, size)
-        self._verified: dict[tuple[str, int, int], bytes] = {}
+        self._verified: dict[tuple[str, int, int], bytearray] = {}
 
     def __enter__(self) -> _PayloadFiles:
         return self
@@ -106,6 +113,16 @@ class _PayloadFiles:
             os.close(fd)
         if self._dir_fd is not None:
             os.close(self._dir_fd)
+
+    def check_size(self, segment: PayloadSegment) -> None:
+        """Raise `PayloadMissing` unless the segment's digested bytes are all in its file."""
+        offset, nbytes = segment.digest_range
+        _, size = self._open(segment.file)
+        if offset + nbytes > size:
+            raise PayloadMissing(
+                self._payload_dir / segment.file,
+                f"file has {size} bytes, a segment needs {offset + nbytes}",
+            )
 
     def read_rows(self, segment: PayloadSegment, first_row: int, rows: int) -> np.ndarray:
         """Rows ``first_row .. first_row + rows - 1`` of a (non-fill) segment, native order."""
@@ -124,12 +141,12 @@ class _PayloadFiles:
         array = np.frombuffer(raw, dtype=dtype).reshape((rows, *segment.shape[1:]))
         return array.astype(np.dtype(segment.dtype), copy=False)
 
-    def _verified_range(self, segment: PayloadSegment) -> bytes:
+    def _verified_range(self, segment: PayloadSegment) -> bytearray:
         offset, nbytes = segment.digest_range
         key = (segment.file, offset, nbytes)
         data = self._verified.get(key)
         if data is None:
-            data = bytes(self._pread(segment.file, offset, nbytes))
+            data = self._pread(segment.file, offset, nbytes)
             if payload_digest(data) != segment.digest:
                 raise PayloadCorrupt(
                     self._payload_dir / segment.file,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 from collections.abc import Iterable
@@ -10,6 +11,11 @@ from pathlib import Path
 from ._digest import is_digest_hex
 from ._errors import BadSegment, PayloadMissing
 from ._segment import FIELD_NDIM, FIELDS, PayloadSegment
+
+#: An upper bound on the elements of one row (layers x top_k, or a mask's width), far
+#: above any real model (a whole vocabulary fits), so that a fill segment's claimed shape
+#: cannot make a reader allocate without bound.
+MAX_ROW_ELEMENTS = 1 << 22
 
 
 def version_dir(root: Path, version: int) -> Path:
@@ -41,8 +47,9 @@ def validate_segment(
     digits and its byte range contains the segment's bytes. When `file_size` is given, the
     bytes (and the digested range) must end within it.
 
-    A fill segment has no file: only field, dtype and shape are checked, and `payload_dir`
-    itself is returned.
+    A fill segment (``routed_experts`` only) has no file: only field, dtype and shape are
+    checked, and `payload_dir` itself is returned. A row may hold at most
+    `MAX_ROW_ELEMENTS` elements.
 
     Raises `BadSegment` (reasons ``field``, ``dtype``, ``shape``, ``not_plain_name``,
     ``traversal``, ``outside_payload_dir``, ``out_of_range``, ``digest``, ``malformed``).
@@ -63,7 +70,13 @@ def validate_segment(
             f"shape {list(segment.shape)} of {segment.field!r} must have {ndim} "
             "non-negative dimensions",
         )
+    if math.prod(segment.shape[1:]) > MAX_ROW_ELEMENTS:
+        raise BadSegment(
+            "shape", name, f"rows of {math.prod(segment.shape[1:])} elements are implausible"
+        )
     if segment.is_fill:
+        if segment.field != "routed_experts":
+            raise BadSegment("malformed", name, "only routed_experts has fill segments")
         if name or segment.offset or segment.digest or segment.digest_offset is not None:
             raise BadSegment("malformed", name, "a fill segment has no file, offset or digest")
         if segment.pos < 0:

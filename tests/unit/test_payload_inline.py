@@ -72,3 +72,26 @@ def test_rejects(obj: object, field: str, reason: str) -> None:
         decode_inline(obj, field=field)
     assert info.value.reason == reason
     assert "\n" not in str(info.value)
+
+
+def test_sentinel_widened_routing_only_when_allowed() -> None:
+    array = np.full((2, 3, 4), -1, dtype=np.int16)
+    obj = encode_inline(array, 0)
+    with pytest.raises(BadSegment) as info:
+        decode_inline(obj, field="routed_experts")
+    assert info.value.reason == "dtype"
+    decoded, _ = decode_inline(obj, field="routed_experts", allow_sentinel=True)
+    assert decoded.dtype == np.int16
+    assert (decoded == -1).all()
+    wide, _ = decode_inline(
+        encode_inline(array.astype(np.int32), 0), field="routed_experts", allow_sentinel=True
+    )
+    assert wide.dtype == np.int32
+    with pytest.raises(BadSegment):
+        decode_inline(
+            encode_inline(array.astype(np.int64), 0), field="routed_experts", allow_sentinel=True
+        )
+    with pytest.raises(BadSegment):
+        decode_inline(
+            encode_inline(np.zeros((1, 2), np.int16), 0), field="sampling_mask", allow_sentinel=True
+        )

@@ -202,3 +202,19 @@ def test_bad_windows(tmp_path: Path) -> None:
     for rows in (range(0, 10), range(-1, 3), range(0, 9, 2), range(5, 2)):
         with pytest.raises(ValueError, match="rows"):
             read_sample_payload(tmp_path, {}, 9, rows=rows)
+
+
+def test_sizes_are_checked_before_allocating(tmp_path: Path) -> None:
+    _, _, (routed_seg, mask_seg) = write_turn(tmp_path)
+    # A width no file backs: refused before an [L, W] array is allocated.
+    wide = attrs.evolve(mask_seg, shape=(1, 1 << 21))
+    with pytest.raises(PayloadMissing, match="bytes"):
+        read_sample_payload(tmp_path, {"sampling_mask": [wide]}, 10, rows=range(0, 1))
+    # A file outside the window still has to be there.
+    stitched = stitch_routing([routed_seg], 10, "repeat")
+    assert stitched is not None
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / routed_seg.file).write_bytes((tmp_path / routed_seg.file).read_bytes()[:20])
+    with pytest.raises(PayloadMissing):
+        read_sample_payload(other, {"routed_experts": stitched}, 10, rows=range(0, 1))

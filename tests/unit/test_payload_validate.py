@@ -74,6 +74,19 @@ def test_rejects_names(tmp_path: Path, name: str, reason: str) -> None:
         ({"offset": 8, "digest_offset": 10, "digest_nbytes": 100}, "out_of_range"),
         ({"offset": 8, "digest_offset": 0, "digest_nbytes": 20}, "out_of_range"),
         ({"fill": -1}, "malformed"),
+        ({"shape": (1, 1 << 12, 1 << 11)}, "shape"),
+        ({"fill": -1, "file": "", "digest": "", "shape": (1, 1 << 20, 8)}, "shape"),
+        (
+            {
+                "fill": -1,
+                "file": "",
+                "digest": "",
+                "field": "sampling_mask",
+                "dtype": "int32",
+                "shape": (1, 4),
+            },
+            "malformed",
+        ),
     ],
 )
 def test_rejects_fields(tmp_path: Path, changes: dict[str, Any], reason: str) -> None:

@@ -155,6 +155,12 @@ def test_by_handle_equals_inline(branch: Branch, data: st.DataObject) -> None:
                 assert oracle is not None
                 assert expected.dtype == oracle.dtype
                 assert np.array_equal(expected, oracle)
+                # A sample's inline routing travels in the batch too, widened or not.
+                carried, _ = decode_inline(
+                    encode_inline(expected, 0), field="routed_experts", allow_sentinel=True
+                )
+                assert carried.dtype == expected.dtype
+                assert np.array_equal(carried, expected)
                 segments["routed_experts"] = [PayloadSegment.from_json(s.to_json()) for s in handle]
             read = read_sample_payload(payload_dir, segments, sample_len, verify=True)
             assert read["sampling_mask"].dtype == np.int32
