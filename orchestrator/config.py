@@ -2,37 +2,36 @@
 
 `load_config` reads the file, applies the overrides and builds a `Config`; every problem
 (a misspelt key, a wrong type, an impossible value, a rule across keys) is a ConfigError
-whose message is one line naming the file and the dotted key. The derived values the
-daemon needs (resolved directories, whether payloads travel by handle) are properties,
-computed from the fields alone.
+whose message is one line naming the file and the dotted key. The sections and their
+rules live in `_config_sections`; this module is the public face.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
-from urllib.parse import urlsplit
 
 import attrs
 from cattrs.errors import BaseValidationError
 
-from orchestrator._config_checks import (
-    at_least,
-    dangerous_root_problem,
-    distinct_items,
-    fraction,
-    greater_than,
-    http_urls,
-    listen_address,
-    not_above_sibling,
-    not_below_sibling,
-)
 from orchestrator._config_converter import make_config_converter
 from orchestrator._config_errors import ConfigError, InvalidValue, first_problem
+from orchestrator._config_sections import BatchConfig as BatchConfig
+from orchestrator._config_sections import Config as Config
+from orchestrator._config_sections import EnvConfig as EnvConfig
+from orchestrator._config_sections import EnvName as EnvName
+from orchestrator._config_sections import FinalTokenRoute as FinalTokenRoute
+from orchestrator._config_sections import InferenceConfig as InferenceConfig
+from orchestrator._config_sections import MetricsConfig as MetricsConfig
+from orchestrator._config_sections import PayloadConfig as PayloadConfig
+from orchestrator._config_sections import PayloadField as PayloadField
+from orchestrator._config_sections import PayloadMode as PayloadMode
+from orchestrator._config_sections import ShutdownConfig as ShutdownConfig
+from orchestrator._config_sections import SimConfig as SimConfig
+from orchestrator._config_sections import StalenessConfig as StalenessConfig
+from orchestrator._config_sections import TrainerConfig as TrainerConfig
 from orchestrator._config_sources import (
     Override,
     apply_overrides,
@@ -62,324 +61,6 @@ __all__ = [
     "config_to_toml",
     "load_config",
 ]
-
-PayloadMode = Literal["auto", "by_handle", "inline"]
-PayloadField = Literal["routed_experts", "sampling_mask"]
-FinalTokenRoute = Literal["repeat", "sentinel"]
-EnvName = Literal["mixed", "math", "chat"]
-
-# Every local inference server listens on loopback, so together they are one host.
-LOCAL_HOST = "127.0.0.1"
-
-
-def _absolute_path(value: str | os.PathLike[str]) -> Path:
-    """`value` made absolute against the current directory, `~` expanded, `..` folded.
-
-    Symbolic links are deliberately not resolved: the collector must see (and refuse) a
-    linked payload root, not the directory it points to.
-    """
-    path = Path(value).expanduser()
-    return Path(os.path.normpath(Path.cwd() / path))
-
-
-def _optional_absolute_path(value: str | os.PathLike[str] | None) -> Path | None:
-    return None if value is None else _absolute_path(value)
-
-
-def _is_within(path: Path, directory: Path) -> bool:
-    """Whether `path` is `directory` or below it (both absolute and normalised)."""
-    return path == directory or directory in path.parents
-
-
-@attrs.frozen
-class StalenessConfig:
-    """How far behind the trainer's policy a rollout may be (DESIGN §3)."""
-
-    max_off_policy_steps: int = attrs.field(default=2, validator=at_least(0))
-    max_async_steps: int = attrs.field(
-        default=1,
-        validator=[
-            at_least(0),
-            not_above_sibling(
-                "max_off_policy_steps", "it would generate rollouts it must throw away"
-            ),
-        ],
-    )
-
-
-@attrs.frozen
-class BatchConfig:
-    """The shape of the batches shipped to the trainer."""
-
-    # Samples per batch.
-    size: int = attrs.field(default=64, validator=at_least(1))
-    # Rollouts per prompt; GRPO needs >= 2 for a signal, 1 is allowed for other methods.
-    group_size: int = attrs.field(default=8, validator=at_least(1))
-    # Ship exactly `size` samples, pruning the excess (discard reason "pruned").
-    constant_size: bool = True
-    max_seq_len: int = attrs.field(default=8192, validator=at_least(2))
-
-
-@attrs.frozen
-class PayloadConfig:
-    """Router-replay payloads: how they travel and where their files live."""
-
-    mode: PayloadMode = "auto"
-    # None: <run_dir>/payloads (see Config.payload_root).
-    root: Path | None = attrs.field(default=None, converter=_optional_absolute_path)
-    fields: tuple[PayloadField, ...] = attrs.field(
-        default=("routed_experts", "sampling_mask"), validator=distinct_items
-    )
-    final_token_route: FinalTokenRoute = "repeat"
-    fsync: bool = False
-
-
-@attrs.frozen
-class InferenceConfig:
-    """The inference servers the daemon sends rollouts to."""
-
-    urls: tuple[str, ...] = attrs.field(default=(), validator=[http_urls, distinct_items])
-    max_inflight: int = attrs.field(default=64, validator=at_least(1))
-    request_timeout_s: float = attrs.field(default=600.0, validator=greater_than(0))
-    retries: int = attrs.field(default=3, validator=at_least(0))
-    retry_backoff_s: float = attrs.field(default=0.5, validator=at_least(0))
-    # Every server unreachable for this long is fatal: the run stops with an error.
-    unavailable_deadline_s: float = attrs.field(default=300.0, validator=greater_than(0))
-    # Prefill and decode on different servers behind a router.
-    disaggregated: bool = False
-    multi_node: bool = False
-
-
-@attrs.frozen
-class TrainerConfig:
-    """The file hand-off with the trainer (DESIGN §5)."""
-
-    # None: <run_dir>/batches and <run_dir>/weights (see Config.batches_dir/weights_dir).
-    batches_dir: Path | None = attrs.field(default=None, converter=_optional_absolute_path)
-    weights_dir: Path | None = attrs.field(default=None, converter=_optional_absolute_path)
-    # inotify does not see writes made on other hosts, so NFS needs polling.
-    force_polling: bool = False
-    poll_interval_s: float = attrs.field(default=1.0, validator=greater_than(0))
-
-
-@attrs.frozen
-class EnvConfig:
-    """The toy environments that produce prompts and score rollouts."""
-
-    # "math" is single-turn, "chat" multi-turn, "mixed" draws from both.
-    name: EnvName = "mixed"
-    prompt_len_min: int = attrs.field(default=64, validator=at_least(1))
-    prompt_len_max: int = attrs.field(
-        default=512, validator=[at_least(1), not_below_sibling("prompt_len_min")]
-    )
-    max_tokens: int = attrs.field(default=256, validator=at_least(1))
-    max_turns: int = attrs.field(default=3, validator=at_least(1))
-    # A group whose mean reward falls outside [min, max] is discarded ("curriculum").
-    curriculum_min_mean_reward: float = 0.0
-    curriculum_max_mean_reward: float = attrs.field(
-        default=1.0, validator=not_below_sibling("curriculum_min_mean_reward")
-    )
-
-
-@attrs.frozen
-class SimConfig:
-    """The local simulation: inference servers, trainer, model shape and injected faults."""
-
-    # N local inference servers started by `run`; 0 uses [inference] urls instead.
-    inference_servers: int = attrs.field(default=0, validator=at_least(0))
-    # Run the local trainer in-process (false when a trainer runs elsewhere).
-    trainer: bool = False
-    train_time_s: float = attrs.field(default=0.5, validator=at_least(0))
-    layers: int = attrs.field(default=48, validator=at_least(1))
-    top_k: int = attrs.field(default=8, validator=at_least(1))
-    num_experts: int = attrs.field(default=128, validator=at_least(1))
-    vocab_size: int = attrs.field(default=32000, validator=at_least(1))
-    time_per_token_s: float = attrs.field(default=0.0, validator=at_least(0))
-    http_500_rate: float = attrs.field(default=0.0, validator=fraction)
-    hang_rate: float = attrs.field(default=0.0, validator=fraction)
-    malformed_rate: float = attrs.field(default=0.0, validator=fraction)
-    bad_segment_rate: float = attrs.field(default=0.0, validator=fraction)
-    payload_error_rate: float = attrs.field(default=0.0, validator=fraction)
-    fault_seed: int = 0
-
-    def __attrs_post_init__(self) -> None:
-        # Here rather than a validator on top_k, so that num_experts' own check runs first.
-        not_above_sibling("num_experts")(self, attrs.fields(SimConfig).top_k, self.top_k)
-
-
-@attrs.frozen
-class MetricsConfig:
-    """The metrics endpoint."""
-
-    # "" is off; "host:port" serves metrics there.
-    listen: str = attrs.field(default="", validator=listen_address)
-
-
-@attrs.frozen
-class ShutdownConfig:
-    """How long in-flight work may finish after SIGTERM/SIGINT."""
-
-    grace_s: float = attrs.field(default=10.0, validator=greater_than(0))
-
-
-@attrs.frozen
-class Config:
-    """A whole run's configuration. Build it with `load_config`; it is immutable.
-
-    Constructing it directly runs the same checks and raises ConfigError (an InvalidValue
-    naming the key) on a bad value. Relative paths are made absolute against the current
-    directory when the object is built.
-    """
-
-    run_dir: Path = attrs.field(converter=_absolute_path)
-    # 0 runs until stopped.
-    max_steps: int = attrs.field(default=0, validator=at_least(0))
-    seed: int = 0
-    staleness: StalenessConfig = attrs.field(factory=StalenessConfig)
-    batch: BatchConfig = attrs.field(factory=BatchConfig)
-    payload: PayloadConfig = attrs.field(factory=PayloadConfig)
-    inference: InferenceConfig = attrs.field(factory=InferenceConfig)
-    trainer: TrainerConfig = attrs.field(factory=TrainerConfig)
-    env: EnvConfig = attrs.field(factory=EnvConfig)
-    sim: SimConfig = attrs.field(factory=SimConfig)
-    metrics: MetricsConfig = attrs.field(factory=MetricsConfig)
-    shutdown: ShutdownConfig = attrs.field(factory=ShutdownConfig)
-
-    def __attrs_post_init__(self) -> None:
-        _check_inference_source(self)
-        _check_payload_mode(self)
-        _check_directories(self)
-
-    @property
-    def payload_root(self) -> Path:
-        """Where payload files go: `payload.root`, or `<run_dir>/payloads` (absolute)."""
-        return self.payload.root or self.run_dir / "payloads"
-
-    @property
-    def batches_dir(self) -> Path:
-        """Where batches are published: `trainer.batches_dir`, or `<run_dir>/batches`."""
-        return self.trainer.batches_dir or self.run_dir / "batches"
-
-    @property
-    def weights_dir(self) -> Path:
-        """Where the trainer publishes policies: `trainer.weights_dir`, or `<run_dir>/weights`."""
-        return self.trainer.weights_dir or self.run_dir / "weights"
-
-    @property
-    def state_dir(self) -> Path:
-        """The daemon's own state (progress, lock): `<run_dir>/orchestrator`."""
-        return self.run_dir / "orchestrator"
-
-    @property
-    def inference_hosts(self) -> frozenset[str]:
-        """The distinct inference hosts: 127.0.0.1 for a local fleet, else the URLs' hosts.
-
-        Hosts are compared by name, so `localhost` and `127.0.0.1` count as two.
-        """
-        if self.sim.inference_servers > 0:
-            return frozenset({LOCAL_HOST})
-        return frozenset(_url_host(url) for url in self.inference.urls)
-
-    @property
-    def by_handle(self) -> bool:
-        """Whether payloads travel by handle (files under the payload root), not inline.
-
-        `payload.mode` "by_handle"/"inline" is taken as given. "auto" is by handle when
-        payload fields are requested, inference is not disaggregated, and either there is
-        more than one inference host or `inference.multi_node` is set; inline otherwise.
-        """
-        return _choose_payload_mode(self)[0]
-
-    @property
-    def payload_mode_reason(self) -> str:
-        """Why `by_handle` came out the way it did, in a few words (for check-config)."""
-        return _choose_payload_mode(self)[1]
-
-
-def _url_host(url: str) -> str:
-    return (urlsplit(url).hostname or "").lower()
-
-
-def _choose_payload_mode(config: Config) -> tuple[bool, str]:
-    mode = config.payload.mode
-    if mode != "auto":
-        return mode == "by_handle", f'set explicitly: payload.mode = "{mode}"'
-    if not config.payload.fields:
-        return False, "auto: no payload fields requested"
-    if config.inference.disaggregated:
-        return False, "auto: disaggregated inference merges only inline routing"
-    hosts = config.inference_hosts
-    if len(hosts) > 1:
-        return True, f"auto: {len(hosts)} inference hosts share the payload root"
-    if config.inference.multi_node:
-        return True, "auto: inference.multi_node = true"
-    return False, "auto: one inference host and not multi_node"
-
-
-def _check_inference_source(config: Config) -> None:
-    servers = config.sim.inference_servers
-    urls = config.inference.urls
-    if servers == 0 and not urls:
-        raise InvalidValue(
-            "must list at least one server when sim.inference_servers = 0 "
-            "(or set sim.inference_servers >= 1 to start local servers)",
-            value=urls,
-            key="inference.urls",
-        )
-    if servers > 0 and urls:
-        raise InvalidValue(
-            f"must be empty when sim.inference_servers = {servers}: "
-            "the local servers would replace them",
-            value=urls,
-            key="inference.urls",
-        )
-
-
-def _check_payload_mode(config: Config) -> None:
-    if config.payload.mode == "by_handle" and config.inference.disaggregated:
-        raise InvalidValue(
-            "cannot be used with inference.disaggregated = true: "
-            "a disaggregated prefill/decode router merges only inline routing",
-            value="by_handle",
-            key="payload.mode",
-        )
-
-
-def _check_directories(config: Config) -> None:
-    if config.run_dir == Path(config.run_dir.anchor):
-        raise InvalidValue("must not be the filesystem root", value=config.run_dir, key="run_dir")
-    root = config.payload_root
-    problem = dangerous_root_problem(root)
-    if problem:
-        raise InvalidValue(problem, value=root, key="payload.root")
-    trainer_dirs = {
-        "trainer.batches_dir": config.batches_dir,
-        "trainer.weights_dir": config.weights_dir,
-    }
-    for key, directory in trainer_dirs.items():
-        if _is_within(root, directory):
-            raise InvalidValue(
-                f"must not be inside {key} ({directory}): "
-                "the trainer's files and payload files would be mixed up",
-                value=root,
-                key="payload.root",
-            )
-    # A fresh run wipes the payload root, so nothing else of the run may live below it.
-    owned = {**trainer_dirs, "the daemon's state directory": config.state_dir}
-    for key, directory in owned.items():
-        if _is_within(directory, root):
-            raise InvalidValue(
-                f"must not contain {key} ({directory}): a fresh run wipes the payload root",
-                value=root,
-                key="payload.root",
-            )
-    if config.batches_dir == config.weights_dir:
-        raise InvalidValue(
-            "must differ from trainer.weights_dir: both hold step_N directories",
-            value=config.batches_dir,
-            key="trainer.batches_dir",
-        )
-
 
 _CONVERTER = make_config_converter()
 
