@@ -40,7 +40,8 @@ def read_sample_payload(
     ``int32 [n, W]``, ``W`` the widest segment, ``-1`` where no segment has a row and for
     padding. ``n`` is `sample_len`, or ``len(rows)`` when `rows` (a window of positions
     with step 1, as a context-parallel rank reads) is given; then only those rows' bytes
-    are read. With `verify`, digests are checked.
+    are read. Every segment's file must still exist and hold its bytes, even outside the
+    window (an ``fstat``, no read). With `verify`, digests are checked.
 
     Raises `BadSegment` (before reading anything) for a segment that fails
     `validate_segment`, is filed under another field, lies past the sample or overlaps
