@@ -13,6 +13,9 @@ from orchestrator._batch_format import BatchError as BatchError
 from orchestrator._batch_format import TrainSample as TrainSample
 from orchestrator._batch_format import decode_batch as decode_batch
 from orchestrator._batch_format import encode_batch as encode_batch
+from orchestrator._batch_reader import Batch as Batch
+from orchestrator._batch_reader import SampleArrays as SampleArrays
+from orchestrator._batch_reader import read_batch as read_batch
 from orchestrator._batch_store import PARTIAL_BATCH_PREFIX as PARTIAL_BATCH_PREFIX
 from orchestrator._batch_store import BatchExists as BatchExists
 from orchestrator._batch_store import batch_step_dir as batch_step_dir
@@ -21,14 +24,17 @@ from orchestrator._batch_store import publish_batch as publish_batch
 from orchestrator._batch_store import publish_batch_async as publish_batch_async
 from orchestrator._batch_store import remove_partial_batches as remove_partial_batches
 from orchestrator._batch_store import shipped_steps as shipped_steps
+from orchestrator._batch_wait import wait_for_batch as wait_for_batch
 
 __all__ = [
     "BATCH_FILE",
     "BATCH_FORMAT",
     "PARTIAL_BATCH_PREFIX",
+    "Batch",
     "BatchDocument",
     "BatchError",
     "BatchExists",
+    "SampleArrays",
     "TrainSample",
     "batch_step_dir",
     "decode_batch",
@@ -36,6 +42,8 @@ __all__ = [
     "is_complete_batch",
     "publish_batch",
     "publish_batch_async",
+    "read_batch",
     "remove_partial_batches",
     "shipped_steps",
+    "wait_for_batch",
 ]

@@ -1,0 +1,61 @@
+"""Waiting for a batch to be shipped: filesystem events, with polling as the safety net."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import trio
+import watchfiles
+
+from orchestrator._batch_store import batch_step_dir, is_complete_batch
+
+
+async def wait_for_batch(
+    batches_dir: Path,
+    step: int,
+    *,
+    force_polling: bool = False,
+    poll_interval_s: float = 1.0,
+    limiter: trio.CapacityLimiter | None = None,
+) -> Path:
+    """Wait until batch `step` is shipped in `batches_dir`; return its directory.
+
+    Checks at once, then watches `batches_dir` with watchfiles and checks again on every
+    change, and at least every `poll_interval_s` seconds even without one: an event can be
+    missed (the batch may land between the first check and the watcher's start, and
+    inotify never sees a rename made on another NFS host), and a missed event must not
+    stall the trainer. `force_polling` makes watchfiles poll every `poll_interval_s`
+    instead of using inotify, which is what NFS needs. `batches_dir` must exist.
+
+    Put a deadline at the call site (`with trio.fail_after(...)`) to bound the wait.
+    Raises OSError (FileNotFoundError when `batches_dir` is missing).
+    """
+    batch_dir = batch_step_dir(batches_dir, step)
+    if await _is_shipped(batch_dir, limiter):
+        return batch_dir
+    interval_ms = max(1, round(poll_interval_s * 1000))
+    changes = watchfiles.awatch(
+        batches_dir,
+        # A shipped batch appears as one rename in batches_dir itself.
+        recursive=False,
+        force_polling=force_polling,
+        poll_delay_ms=interval_ms,
+        # Wake up every interval even without events (an empty set), to check again.
+        rust_timeout=interval_ms,
+        yield_on_timeout=True,
+        # The default filter ignores names we do not care about either way; keep all.
+        watch_filter=None,
+        # Report a change at once instead of grouping changes for up to 1.6 s.
+        debounce=interval_ms,
+    )
+    async with contextlib.aclosing(changes) as batches_dir_changes:
+        async for _ in batches_dir_changes:
+            if await _is_shipped(batch_dir, limiter):
+                return batch_dir
+    # awatch only ends when its stop event is set, which we never do.
+    raise AssertionError("watchfiles.awatch ended without being stopped")
+
+
+async def _is_shipped(batch_dir: Path, limiter: trio.CapacityLimiter | None) -> bool:
+    return await trio.to_thread.run_sync(is_complete_batch, batch_dir, limiter=limiter)

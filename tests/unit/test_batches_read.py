@@ -1,0 +1,324 @@
+"""read_batch: by-handle and inline payloads give the same arrays; failures name files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import pytest
+
+from orchestrator.batches import (
+    BATCH_FILE,
+    BatchError,
+    TrainSample,
+    publish_batch,
+    read_batch,
+    shipped_steps,
+)
+from orchestrator.payload import (
+    FinalTokenRoute,
+    PayloadCorrupt,
+    PayloadMissing,
+    PayloadSegment,
+    encode_inline,
+    stitch_inline_masks,
+    stitch_inline_routing,
+    stitch_masks,
+    stitch_routing,
+    write_payload_file,
+)
+
+LAYERS, TOP_K, NUM_EXPERTS = 4, 2, 16
+DISPATCH_VERSION = 3
+
+
+@attrs.frozen
+class Turn:
+    """One turn of a two-turn branch: its routing and mask arrays and their positions."""
+
+    routing: np.ndarray
+    routing_pos: int
+    mask: np.ndarray
+    mask_pos: int
+
+
+@attrs.frozen
+class Branch:
+    turns: tuple[Turn, ...]
+    segments: tuple[dict[str, PayloadSegment], ...]
+    token_ids: tuple[int, ...]
+    prompt_len: int
+
+
+def _turn(rng: np.random.Generator, prompt_len: int, completion_len: int, routing_pos: int) -> Turn:
+    rows = prompt_len + completion_len - 1 - routing_pos
+    routing = rng.integers(0, NUM_EXPERTS, size=(rows, LAYERS, TOP_K)).astype(np.uint8)
+    mask = rng.integers(0, 1000, size=(completion_len, 3)).astype(np.int32)
+    mask[:, 2] = -1  # padding: every row is narrower than the widest
+    return Turn(routing, routing_pos, mask, prompt_len)
+
+
+def make_branch(payload_dir: Path, seed: int = 0) -> Branch:
+    """Two turns: prompt 10 + 5 sampled, then 3 env tokens and 6 sampled (24 tokens).
+
+    The second turn's routing starts at 8 (a cached prefix), so position 8..13 is covered
+    by both turns and the first wins.
+    """
+    rng = np.random.default_rng(seed)
+    turns = (_turn(rng, 10, 5, 0), _turn(rng, 18, 6, 8))
+    segments = []
+    for turn in turns:
+        written = write_payload_file(
+            payload_dir,
+            {
+                "routed_experts": (turn.routing, turn.routing_pos),
+                "sampling_mask": (turn.mask, turn.mask_pos),
+            },
+        )
+        segments.append({segment.field: segment for segment in written})
+    token_ids = tuple(int(t) for t in rng.integers(0, 32000, size=24))
+    return Branch(turns, tuple(segments), token_ids, prompt_len=10)
+
+
+def _loss_mask(length: int) -> tuple[int, ...]:
+    # Completion tokens of turn 1 (10..14) and turn 2 (18..23) are trained on.
+    return tuple(int(10 <= i < 15 or 18 <= i < 24) for i in range(length))
+
+
+def _sample(branch: Branch, length: int, **payload: Any) -> TrainSample:
+    return TrainSample(
+        group_id="g7",
+        rollout_id="r7-0",
+        start_version=2,
+        dispatch_version=DISPATCH_VERSION,
+        reward=1.0,
+        advantage=0.75,
+        token_ids=branch.token_ids[:length],
+        loss_mask=_loss_mask(length),
+        logprobs=tuple(-0.5 if bit else 0.0 for bit in _loss_mask(length)),
+        **payload,
+    )
+
+
+def by_handle(
+    branch: Branch, payload_dir: Path, length: int, route: FinalTokenRoute = "repeat"
+) -> TrainSample:
+    routing = stitch_routing([s["routed_experts"] for s in branch.segments], length, route)
+    assert routing is not None
+    masks = stitch_masks([s["sampling_mask"] for s in branch.segments], length)
+    return _sample(
+        branch,
+        length,
+        payload_dir=str(payload_dir),
+        payload={"routed_experts": routing, "sampling_mask": masks},
+    )
+
+
+def inline(branch: Branch, length: int, route: FinalTokenRoute = "repeat") -> TrainSample:
+    routing = stitch_inline_routing(
+        [(t.routing, t.routing_pos) for t in branch.turns], length, route
+    )
+    assert routing is not None
+    masks = stitch_inline_masks([(t.mask, t.mask_pos) for t in branch.turns], length)
+    return _sample(
+        branch,
+        length,
+        inline={
+            "routed_experts": encode_inline(routing, 0),
+            "sampling_mask": encode_inline(masks, 0),
+        },
+    )
+
+
+@pytest.fixture
+def payload_dir(tmp_path: Path) -> Path:
+    return tmp_path / "payloads" / f"v{DISPATCH_VERSION}"
+
+
+@pytest.fixture
+def branch(payload_dir: Path) -> Branch:
+    return make_branch(payload_dir)
+
+
+def _assert_same_arrays(a: Any, b: Any) -> None:
+    for name in ("token_ids", "loss_mask", "advantages", "logprobs"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    for name in ("routed_experts", "sampling_mask"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype
+        assert x.shape == y.shape
+        assert x.tobytes() == y.tobytes()
+
+
+@pytest.mark.parametrize("route", ["repeat", "sentinel"])
+@pytest.mark.parametrize("length", [24, 20, 12])
+def test_publish_then_read_gives_equal_arrays_by_handle_and_inline(
+    tmp_path: Path, payload_dir: Path, branch: Branch, route: FinalTokenRoute, length: int
+) -> None:
+    batches_dir = tmp_path / "batches"
+    samples = [
+        by_handle(branch, payload_dir, length, route),
+        inline(branch, length, route),
+        _sample(branch, length),
+    ]
+    batch_dir = publish_batch(batches_dir, 4, samples, fsync=False)
+    assert shipped_steps(batches_dir) == [4]
+
+    batch = read_batch(batch_dir)
+
+    assert batch.step == 4
+    handle, inlined, bare = batch.samples
+    _assert_same_arrays(handle, inlined)
+    assert handle.routed_experts is not None and handle.sampling_mask is not None
+    assert handle.routed_experts.shape == (length, LAYERS, TOP_K)
+    assert handle.routed_experts.dtype == (np.uint8 if route == "repeat" else np.int16)
+    assert handle.sampling_mask.dtype == np.int32
+    assert handle.sampling_mask.shape == (length, 3)
+    # The arrays hold what the server wrote: row p of routing from the first turn
+    # covering p, masks at completion positions, -1 on prompt positions.
+    first, second = branch.turns
+    np.testing.assert_array_equal(handle.routed_experts[:8], first.routing[:8])
+    if length > 15:
+        np.testing.assert_array_equal(
+            handle.routed_experts[14 : length - 1], second.routing[6 : length - 9]
+        )
+    np.testing.assert_array_equal(handle.sampling_mask[:10], -1)
+    np.testing.assert_array_equal(
+        handle.sampling_mask[10 : min(length, 15)], first.mask[: min(length, 15) - 10]
+    )
+    last = handle.routed_experts[length - 1]
+    if route == "repeat":
+        np.testing.assert_array_equal(last, handle.routed_experts[length - 2])
+    else:
+        np.testing.assert_array_equal(last, -1)
+    # Per-position loss data.
+    assert handle.token_ids.dtype == np.int64
+    assert handle.token_ids.tolist() == list(branch.token_ids[:length])
+    assert handle.loss_mask.dtype == np.bool_
+    assert handle.advantages.dtype == np.float32
+    np.testing.assert_array_equal(handle.advantages, np.where(handle.loss_mask, 0.75, 0.0))
+    assert handle.logprobs.dtype == np.float32
+    assert (handle.group_id, handle.rollout_id, handle.reward) == ("g7", "r7-0", 1.0)
+    assert (handle.start_version, handle.dispatch_version) == (2, DISPATCH_VERSION)
+    assert handle.rows == range(length)
+    assert bare.routed_experts is None and bare.sampling_mask is None
+    assert bare.payload_nbytes == 0
+    assert batch.payload_nbytes == 2 * handle.payload_nbytes > 0
+
+
+def test_a_row_window_reads_exactly_those_rows(
+    tmp_path: Path, payload_dir: Path, branch: Branch
+) -> None:
+    samples = [by_handle(branch, payload_dir, 24), inline(branch, 24), inline(branch, 12)]
+    batch_dir = publish_batch(tmp_path / "batches", 1, samples, fsync=False)
+    full = read_batch(batch_dir)
+    for verify in (True, False):
+        window = read_batch(batch_dir, rows=range(6, 16), verify=verify)
+        for whole, part in zip(full.samples, window.samples, strict=True):
+            rows = range(6, min(16, whole.length))
+            assert part.rows == rows
+            assert part.length == whole.length
+            for name in (
+                "token_ids",
+                "loss_mask",
+                "advantages",
+                "logprobs",
+                "routed_experts",
+                "sampling_mask",
+            ):
+                np.testing.assert_array_equal(
+                    getattr(part, name), getattr(whole, name)[rows.start : rows.stop]
+                )
+    assert read_batch(batch_dir, rows=range(30, 40)).samples[0].token_ids.shape == (0,)
+    with pytest.raises(ValueError, match="step 1"):
+        read_batch(batch_dir, rows=range(0, 10, 2))
+
+
+def test_a_deleted_payload_file_raises_payload_missing_naming_it(
+    tmp_path: Path, payload_dir: Path, branch: Branch
+) -> None:
+    batch_dir = publish_batch(tmp_path / "b", 1, [by_handle(branch, payload_dir, 24)], fsync=False)
+    victim = payload_dir / branch.segments[1]["routed_experts"].file
+    victim.unlink()
+    for verify in (True, False):
+        with pytest.raises(PayloadMissing) as caught:
+            read_batch(batch_dir, verify=verify)
+        assert str(victim) in str(caught.value)
+        assert "\n" not in str(caught.value)
+
+
+def test_a_flipped_byte_raises_payload_corrupt_when_verifying(
+    tmp_path: Path, payload_dir: Path, branch: Branch
+) -> None:
+    batch_dir = publish_batch(tmp_path / "b", 1, [by_handle(branch, payload_dir, 24)], fsync=False)
+    segment = branch.segments[0]["sampling_mask"]
+    victim = payload_dir / segment.file
+    data = bytearray(victim.read_bytes())
+    data[segment.offset + 5] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(PayloadCorrupt) as caught:
+        read_batch(batch_dir, verify=True)
+    assert str(victim) in str(caught.value)
+    assert "\n" not in str(caught.value)
+    # Without verification the bytes are read as they are.
+    read_batch(batch_dir, verify=False)
+
+
+def _write_raw(tmp_path: Path, document: object, step: int = 1) -> Path:
+    batch_dir = tmp_path / f"step_{step:06d}"
+    batch_dir.mkdir(parents=True)
+    text = document if isinstance(document, str) else json.dumps(document)
+    (batch_dir / BATCH_FILE).write_text(text)
+    return batch_dir
+
+
+def _good_document(sample: TrainSample, step: int = 1) -> dict[str, Any]:
+    return {
+        "format": "rollout-orchestrator.batch/1",
+        "step": step,
+        "created_at": 1.0,
+        "samples": [sample.to_json()],
+    }
+
+
+def _bad_cases(branch: Branch, payload_dir: Path) -> list[tuple[object, str]]:
+    good = _good_document(by_handle(branch, payload_dir, 24))
+    text = json.dumps(good)
+    traversal = json.loads(text)
+    traversal["samples"][0]["payload"]["routed_experts"][0]["file"] = "../v2/x.bin"
+    wrong_version = json.loads(text)
+    wrong_version["samples"][0]["payload_dir"] = str(payload_dir.parent / "v2")
+    misplaced_inline = _good_document(inline(branch, 24))
+    misplaced_inline["samples"][0]["inline"]["sampling_mask"]["pos"] = 1
+    return [
+        (text[: len(text) // 2], "invalid JSON"),
+        ({**good, "step": "1"}, "step: expected an integer, got a string"),
+        ({**good, "samples": [{"token_ids": []}]}, "samples[0]: missing key(s)"),
+        ({**good, "format": "other/1"}, "unknown format 'other/1'"),
+        ({**good, "step": 2}, "step 2 in the directory of step 1"),
+        (traversal, "samples[0]: bad payload segment (file '../v2/x.bin')"),
+        (wrong_version, "is not v3, the sample's dispatch version"),
+        (misplaced_inline, "inline sampling_mask has rows 1..25, the sample needs 0..24"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_malformed_batches_raise_batch_error_in_one_line(
+    tmp_path: Path, payload_dir: Path, branch: Branch, case: int
+) -> None:
+    document, message = _bad_cases(branch, payload_dir)[case]
+    batch_dir = _write_raw(tmp_path / "batches", document)
+    with pytest.raises(BatchError) as caught:
+        read_batch(batch_dir)
+    text = str(caught.value)
+    assert text.startswith(f"{batch_dir / BATCH_FILE}: ")
+    assert message in text
+    assert "\n" not in text
+
+
+def test_a_missing_batch_json_is_a_batch_error(tmp_path: Path) -> None:
+    with pytest.raises(BatchError, match=r"step_000001/batch\.json: cannot read: No such file"):
+        read_batch(tmp_path / "step_000001")
