@@ -11,8 +11,10 @@ setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	@$(UV) sync --frozen --python python3 --quiet
 
+# The demo always starts a fresh run: its run directory is thrown away first.
 demo: setup
-	$(RUN) orchestrator demo
+	rm -rf run/demo
+	$(RUN) orchestrator run --config configs/demo.toml
 
 lint: setup
 	$(RUN) ruff check .

@@ -17,7 +17,6 @@ from orchestrator.errors import UserError
 
 SUBCOMMANDS: dict[str, str] = {
     "run": "orchestrator.commands.run",
-    "demo": "orchestrator.commands.demo",
     "gc": "orchestrator.commands.gc",
     "status": "orchestrator.commands.status",
     "check-config": "orchestrator.commands.check_config",
@@ -43,7 +42,10 @@ def _available() -> dict[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="orchestrator", description=__doc__.splitlines()[0])
+    parser = OneLineParser(
+        prog="orchestrator",
+        description="Asynchronous RL rollout orchestrator with a versioned payload collector.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, module_name in _available().items():
         module = importlib.import_module(module_name)
@@ -58,12 +60,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args._run(args)
-    except UserError as exc:
-        print(f"orchestrator {args.command}: error: {exc}", file=sys.stderr)
+    except (UserError, BaseExceptionGroup) as exc:
+        user_error = _only_user_error(exc)
+        if user_error is None:
+            raise
+        print(f"orchestrator {args.command}: error: {user_error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     return code
+
+
+def _only_user_error(exc: BaseException) -> UserError | None:
+    """The UserError behind `exc`, also when trio wrapped it in exception groups.
+
+    None when anything else is in the group: that is a bug and keeps its traceback.
+    """
+    if isinstance(exc, UserError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _only_user_error(exc.exceptions[0])
+    return None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,323 @@
+"""The daemon: one trio nursery owned by `run_daemon`, every component started in it.
+
+    local fleet / trainer (optional) ─┐
+    start-up sync (DESIGN §7) ────────┤
+    policy watcher ── apply, collect, sweep
+    dispatcher ──(GroupResult channel)──> sink: admit, delete discarded files
+                                          shipper: assemble, publish, save progress
+
+It ends after `max_steps` batches once the trainer has published the last version and it
+has been collected, or when cancelled (SIGINT/SIGTERM in the `run` command).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+import attrs
+import httpx
+import structlog
+import trio
+
+from orchestrator.batches import TrainSample, publish_batch_async
+from orchestrator.config import Config
+from orchestrator.dispatcher import Dispatcher, DispatchSettings
+from orchestrator.environments import make_environment
+from orchestrator.payload_disk import delete_files, measure_tree
+from orchestrator.policy import PolicySettings, PolicyWatcher
+from orchestrator.progress import Progress, save_progress
+from orchestrator.rollouts import GroupResult
+from orchestrator.run_state import RunState
+from orchestrator.sink import QueuedSample, SinkLimits, TrainSink
+from orchestrator.startup import find_start_point, wait_for_version, wipe_payload_root
+
+log = structlog.get_logger("orchestrator")
+
+
+@attrs.frozen
+class RunOutcome:
+    """What a run did, for the summary: the final state, the sink, and how long it took."""
+
+    state: RunState
+    sink: TrainSink
+    first_step: int
+    duration_s: float
+    urls: tuple[str, ...]
+
+
+@attrs.define
+class Daemon:
+    """The components of one run and the glue between them."""
+
+    config: Config
+    state: RunState
+    sink: TrainSink
+    file_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(4))
+
+    # -- the sink side: admit finished groups, ship batches ------------------------------
+
+    async def serve_admission(
+        self,
+        results: trio.MemoryReceiveChannel[GroupResult],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Admit every finished group; delete what the sink discards right away."""
+        task_status.started()
+        async with results:
+            async for group in results:
+                files = self.sink.admit(group, self.state.next_step)
+                await self._delete(files, "discard")
+                self.state.notify()
+
+    async def serve_shipper(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Ship every batch the sink can fill and the gate allows, as soon as it can."""
+        task_status.started()
+        while True:
+            changed = self.state.changed()
+            await self.ship_ready()
+            await changed.wait()
+
+    async def ship_ready(self) -> None:
+        state, sink = self.state, self.sink
+        while (
+            not state.done_shipping
+            and state.may_ship(state.next_step)
+            and sink.ready(state.next_step)
+        ):
+            step = state.next_step
+            queued, pruned = sink.assemble(step)
+            await self._delete(pruned, "discard")
+            samples = [_train_sample(q) for q in queued]
+            batch_dir = await publish_batch_async(self.config.batches_dir, step, samples)
+            state.next_step = step + 1
+            state.notify()
+            await self.save_progress()
+            files, on_disk = await measure_tree(self.config.payload_root, limiter=self.file_limiter)
+            state.record_payload_bytes(on_disk)
+            staleness = max(step - 1 - q.start_version for q in queued)
+            log.info(
+                "shipped batch",
+                step=step,
+                version=state.applied_version,
+                samples=len(samples),
+                groups=len({q.group_id for q in queued}),
+                staleness=staleness,
+                discards=dict(sink.counters),
+                files_deleted=sum(state.files_deleted.values()),
+                payload_files=files,
+                payload_bytes=on_disk,
+                batch=str(batch_dir),
+            )
+
+    # -- the policy side: sweep after each collection ------------------------------------
+
+    async def sweep(self) -> None:
+        """Drop queued groups that can no longer ship, cancel in-flight ones, free files."""
+        state, sink = self.state, self.sink
+        files = sink.drop_stale(state.next_step)
+        for group in list(state.groups.values()):
+            if group.start_version < state.fresh_bound:
+                group.cancel_scope.cancel()
+        if state.bound is not None:
+            sink.forget_versions_below(state.bound)
+        await self._delete(files, "sweep")
+        await self.save_progress()
+        state.notify()
+
+    async def save_progress(self) -> None:
+        state, sink = self.state, self.sink
+        progress = Progress(
+            step=state.next_step - 1,
+            applied_version=state.applied_version,
+            bound=state.bound if state.bound is not None else 0,
+            inflight_rollouts=state.inflight_rollouts,
+            queued_samples=sink.queued_samples,
+            discards=dict(sink.counters),
+            updated_at=time.time(),
+            pid=os.getpid(),
+        )
+        await trio.to_thread.run_sync(
+            save_progress, self.config.state_dir, progress, limiter=self.file_limiter
+        )
+
+    async def _delete(self, files: Sequence[str], path: str) -> None:
+        if not files:
+            return
+        count, freed = await delete_files(files, limiter=self.file_limiter)
+        self.state.files_deleted[path] += count
+        self.state.bytes_deleted[path] += freed
+
+    async def drop_everything_queued(self) -> None:
+        """At the end of a run: nothing queued will ever ship, so free its files now."""
+        await self._delete(self.sink.drop_all(), "discard")
+
+
+def _train_sample(queued: QueuedSample) -> TrainSample:
+    sample = queued.sample
+    return TrainSample(
+        group_id=queued.group_id,
+        rollout_id=sample.rollout_id,
+        start_version=queued.start_version,
+        dispatch_version=queued.dispatch_version,
+        reward=queued.reward,
+        advantage=queued.advantage,
+        token_ids=sample.token_ids,
+        loss_mask=sample.loss_mask,
+        logprobs=sample.logprobs,
+        payload=sample.payload,
+        payload_dir=sample.payload_dir if sample.payload else None,
+        inline=sample.inline,
+    )
+
+
+def sink_limits(config: Config) -> SinkLimits:
+    return SinkLimits(
+        batch_size=config.batch.size,
+        constant_size=config.batch.constant_size,
+        max_off_policy_steps=config.staleness.max_off_policy_steps,
+        curriculum_min_mean_reward=config.env.curriculum_min_mean_reward,
+        curriculum_max_mean_reward=config.env.curriculum_max_mean_reward,
+        max_seq_len=config.batch.max_seq_len,
+    )
+
+
+def dispatch_settings(config: Config, urls: Sequence[str]) -> DispatchSettings:
+    return DispatchSettings(
+        urls=tuple(url.rstrip("/") for url in urls),
+        group_size=config.batch.group_size,
+        batch_size=config.batch.size,
+        max_inflight=config.inference.max_inflight,
+        max_tokens=config.env.max_tokens,
+        max_turns=config.env.max_turns,
+        request_timeout_s=config.inference.request_timeout_s,
+        retries=config.inference.retries,
+        retry_backoff_s=config.inference.retry_backoff_s,
+        payload_root=config.payload_root,
+        by_handle=config.by_handle,
+        fields=tuple(config.payload.fields),
+        final_token_route=config.payload.final_token_route,
+        seed=config.seed,
+    )
+
+
+def policy_settings(config: Config, urls: Sequence[str]) -> PolicySettings:
+    return PolicySettings(
+        weights_dir=config.weights_dir,
+        payload_root=config.payload_root,
+        urls=tuple(url.rstrip("/") for url in urls),
+        max_off_policy_steps=config.staleness.max_off_policy_steps,
+        force_polling=config.trainer.force_polling,
+        poll_interval_s=config.trainer.poll_interval_s,
+        request_timeout_s=config.inference.request_timeout_s,
+        retry_backoff_s=config.inference.retry_backoff_s,
+        unavailable_deadline_s=config.inference.unavailable_deadline_s,
+    )
+
+
+async def start_local_fleet(config: Config, nursery: trio.Nursery) -> list[str]:
+    """Start `[sim] inference_servers` local servers (and the local trainer if asked)."""
+    urls: list[str] = []
+    if config.sim.inference_servers:
+        from orchestrator.sim.fleet import sim_inference_config
+        from orchestrator.sim.inference import serve_inference
+
+        for index in range(config.sim.inference_servers):
+            url = await nursery.start(serve_inference, sim_inference_config(config, index))
+            urls.append(str(url))
+    if config.sim.trainer:
+        from orchestrator.sim.fleet import sim_trainer_config
+        from orchestrator.sim.trainer import serve_trainer
+
+        await nursery.start(serve_trainer, sim_trainer_config(config))
+    return urls
+
+
+async def run_daemon(
+    config: Config, *, task_status: trio.TaskStatus[RunState] = trio.TASK_STATUS_IGNORED
+) -> RunOutcome:
+    """Run the orchestrator until `max_steps` batches are trained on, or until cancelled.
+
+    Reports its `RunState` through `task_status` once dispatching has started, so a test
+    or a status endpoint can watch it. Raises `UserError` for a start-up refusal (a payload
+    root the wipe refuses), `InferenceUnavailable` when servers stay away too long.
+    """
+    started = time.monotonic()
+    state = RunState(
+        max_off_policy_steps=config.staleness.max_off_policy_steps,
+        max_async_steps=config.staleness.max_async_steps,
+        max_steps=config.max_steps,
+    )
+    daemon = Daemon(config, state, TrainSink(sink_limits(config)))
+    start = await trio.to_thread.run_sync(find_start_point, config.batches_dir, config.state_dir)
+    environment = make_environment(
+        config.env.name,
+        prompt_len_min=config.env.prompt_len_min,
+        prompt_len_max=config.env.prompt_len_max,
+        vocab_size=config.sim.vocab_size,
+        max_turns=config.env.max_turns,
+    )
+    if not start.resumed:
+        # Before anything starts, so that a refused root stops the run with nothing done.
+        log.info("fresh run", payload_root=str(config.payload_root))
+        await wipe_payload_root(config.payload_root)
+    async with trio.open_nursery() as nursery:
+        urls = [*config.inference.urls, *await start_local_fleet(config, nursery)]
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+            policy = PolicyWatcher(
+                policy_settings(config, urls), state, client, daemon.sweep, daemon.file_limiter
+            )
+            if start.resumed:
+                log.info("resuming", last_shipped=start.resume_step)
+                state.next_step = start.resume_step + 1
+                await wait_for_version(
+                    config.weights_dir,
+                    start.resume_step,
+                    poll_interval_s=config.trainer.poll_interval_s,
+                )
+                if start.resume_step > 0:
+                    await policy.apply(start.resume_step)
+            await daemon.save_progress()
+            send, receive = trio.open_memory_channel[GroupResult](16)
+            dispatcher = Dispatcher(
+                dispatch_settings(config, urls),
+                state,
+                environment,
+                client,
+                send,
+                lambda: daemon.sink.queued_samples,
+                daemon.file_limiter,
+            )
+            await nursery.start(policy.serve)
+            await nursery.start(daemon.serve_admission, receive)
+            await nursery.start(daemon.serve_shipper)
+            await nursery.start(dispatcher.serve)
+            task_status.started(state)
+            if config.max_steps:
+                await _wait_until_trained(state, config.max_steps)
+                await daemon.drop_everything_queued()
+                nursery.cancel_scope.cancel()
+            else:
+                await trio.sleep_forever()
+    _, on_disk = await measure_tree(config.payload_root, limiter=daemon.file_limiter)
+    state.record_payload_bytes(on_disk)
+    await daemon.save_progress()
+    return RunOutcome(
+        state, daemon.sink, start.resume_step + 1, time.monotonic() - started, tuple(urls)
+    )
+
+
+async def _wait_until_trained(state: RunState, max_steps: int) -> None:
+    """Until the trainer has published (and the daemon applied and collected) `max_steps`."""
+    while not (state.done_shipping and state.settled_version >= max_steps):
+        await state.wait_changed()
+    # Nothing more can ship: stop the groups still running.
+    state.stopping = True
+    for group in list(state.groups.values()):
+        group.cancel_scope.cancel()
+    log.info("all batches trained on", steps=max_steps, version=state.applied_version)

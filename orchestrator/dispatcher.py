@@ -1,0 +1,252 @@
+"""The dispatcher: starts GRPO groups, runs their rollouts turn by turn, hands results on.
+
+Each group is `group_size` rollouts of one prompt, pinned to one inference server. Every
+rollout is stamped with the applied version `k` at its dispatch and writes its payload
+files into `<root>/v<k>/` (DESIGN §3). A group runs in its own cancel scope, so the policy
+watcher can cancel groups that can no longer ship (their files are left to the version
+collector and to the sink's stale accounting).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import attrs
+import httpx
+import structlog
+import trio
+
+from orchestrator.environments import Environment, Prompt
+from orchestrator.inference_client import (
+    InferenceFailure,
+    TurnOutput,
+    build_generate_request,
+    check_segment_files,
+    parse_generate_response,
+    post_generate,
+)
+from orchestrator.payload import FinalTokenRoute, version_dir
+from orchestrator.rollouts import GroupResult, RolloutResult
+from orchestrator.run_state import InflightGroup, RunState
+from orchestrator.samples import build_sample
+
+log = structlog.get_logger("orchestrator.dispatch")
+
+
+@attrs.frozen
+class DispatchSettings:
+    """What the dispatcher needs from the config."""
+
+    urls: tuple[str, ...]
+    group_size: int
+    batch_size: int
+    max_inflight: int
+    max_tokens: int
+    max_turns: int
+    request_timeout_s: float
+    retries: int
+    retry_backoff_s: float
+    payload_root: Path
+    by_handle: bool
+    fields: tuple[str, ...]
+    final_token_route: FinalTokenRoute
+    seed: int
+
+
+@attrs.define
+class Dispatcher:
+    """Starts groups while the gate is open and runs them; see `serve`."""
+
+    settings: DispatchSettings
+    state: RunState
+    environment: Environment
+    client: httpx.AsyncClient
+    results: trio.MemorySendChannel[GroupResult]
+    queued_samples: Callable[[], int]  # the sink's count of queued samples
+    file_limiter: trio.CapacityLimiter
+    _server_load: Counter[str] = attrs.field(factory=Counter)
+    _groups_started: int = 0
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start groups until cancelled. Closes the results channel when it ends."""
+        rng = random.Random(self.settings.seed)
+        async with self.results, trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                while not self._may_start():
+                    await self.state.wait_changed()
+                prompt = self.environment.draw_prompt(rng)
+                server = min(self.settings.urls, key=lambda url: self._server_load[url])
+                self._groups_started += 1
+                group_id = f"g{self._groups_started:07d}-{prompt.prompt_id}"
+                nursery.start_soon(self._run_group, group_id, prompt, server, self.results.clone())
+
+    def _may_start(self) -> bool:
+        settings, state = self.settings, self.state
+        queued = self.queued_samples()
+        return (
+            state.may_start_groups()
+            and state.inflight_rollouts + settings.group_size <= settings.max_inflight
+            # Enough work in the pipe for the batches the gate allows, and no more:
+            # anything beyond would only grow stale.
+            and queued + state.inflight_rollouts < settings.batch_size * (state.max_async_steps + 1)
+        )
+
+    async def _run_group(
+        self,
+        group_id: str,
+        prompt: Prompt,
+        server: str,
+        results: trio.MemorySendChannel[GroupResult],
+    ) -> None:
+        state, size = self.state, self.settings.group_size
+        start_version = state.applied_version
+        members: list[RolloutResult | None] = [None] * size
+        state.inflight_rollouts += size
+        self._server_load[server] += size
+        scope = trio.CancelScope()
+        state.groups[group_id] = InflightGroup(group_id, start_version, server, scope)
+        try:
+            with scope:
+                async with trio.open_nursery() as nursery:
+                    for index in range(size):
+                        nursery.start_soon(
+                            self._run_member, members, index, group_id, prompt, server
+                        )
+        finally:
+            del state.groups[group_id]
+            state.inflight_rollouts -= size
+            self._server_load[server] -= size
+            state.notify()
+        rollouts = tuple(
+            member
+            if member is not None
+            else RolloutResult(f"{group_id}-r{i}", start_version, failed="cancelled")
+            for i, member in enumerate(members)
+        )
+        if scope.cancelled_caught:
+            log.info("group cancelled", group=group_id, start_version=start_version)
+        async with results:
+            await results.send(GroupResult(group_id, start_version, rollouts))
+
+    async def _run_member(
+        self,
+        members: list[RolloutResult | None],
+        index: int,
+        group_id: str,
+        prompt: Prompt,
+        server: str,
+    ) -> None:
+        members[index] = await self._run_rollout(f"{group_id}-r{index}", prompt, server)
+
+    async def _run_rollout(self, rollout_id: str, prompt: Prompt, server: str) -> RolloutResult:
+        settings, state = self.settings, self.state
+        version = state.applied_version
+        payload_dir = (
+            version_dir(settings.payload_root, version)
+            if settings.by_handle and settings.fields
+            else None
+        )
+        tokens = list(prompt.token_ids)
+        turns: list[tuple[int, TurnOutput]] = []
+        files: set[str] = set()
+        for turn_index in range(settings.max_turns):
+            body = build_generate_request(
+                request_id=f"{rollout_id}-t{turn_index}",
+                token_ids=tokens,
+                max_tokens=settings.max_tokens,
+                seed=_seed(settings.seed, rollout_id, turn_index),
+                payload_dir=payload_dir,
+                fields=settings.fields,
+            )
+            try:
+                turn = await self._request_turn(server, body, len(tokens), payload_dir, version)
+            except InferenceFailure as failure:
+                state.rollouts["failed"] += 1
+                return RolloutResult(
+                    rollout_id, version, files=frozenset(files), failed=str(failure)
+                )
+            files |= turn.files
+            turns.append((len(tokens), turn))
+            tokens.extend(turn.completion_ids)
+            reply = self.environment.reply(prompt, turn_index, turn.completion_ids)
+            if reply is None:
+                break
+            tokens.extend(reply)
+        state.files_written += len({s.file for _, t in turns for s in t.segments.values()})
+        state.bytes_written += sum(s.nbytes for _, t in turns for s in t.segments.values())
+        reward = self.environment.reward(prompt, [t.completion_ids for _, t in turns])
+        sample, routing_dropped = build_sample(
+            rollout_id,
+            tokens,
+            turns,
+            payload_dir=payload_dir,
+            fields=settings.fields,
+            final_token_route=settings.final_token_route,
+        )
+        if routing_dropped:
+            state.failures["routing_gap"] += 1
+            log.warning("routing gap: sample kept without routing", rollout=rollout_id)
+        poisoned = sample.untrainable is not None and sample.untrainable.startswith("poisoned")
+        state.rollouts["poisoned" if poisoned else "completed"] += 1
+        return RolloutResult(
+            rollout_id, version, reward=reward, samples=(sample,), files=frozenset(files)
+        )
+
+    async def _request_turn(
+        self,
+        server: str,
+        body: dict[str, object],
+        prompt_len: int,
+        payload_dir: Path | None,
+        version: int,
+    ) -> TurnOutput:
+        """One turn, retried on transient failures with exponential backoff.
+
+        Each attempt has its own deadline. Raises the last `InferenceFailure`.
+        """
+        settings = self.settings
+        attempt = 0
+        while True:
+            try:
+                with trio.fail_after(settings.request_timeout_s):
+                    raw = await post_generate(self.client, server, body)
+                turn = parse_generate_response(
+                    raw, prompt_len=prompt_len, payload_dir=payload_dir, fields=settings.fields
+                )
+            except trio.TooSlowError:
+                failure = InferenceFailure("timeout", f"{server}: no answer in time")
+            except InferenceFailure as exc:
+                failure = exc
+            else:
+                if payload_dir is not None:
+                    turn = await check_segment_files(
+                        turn,
+                        root=settings.payload_root,
+                        version=version,
+                        limiter=self.file_limiter,
+                    )
+                if turn.poisoned is not None:
+                    self.state.failures["poisoned_payload"] += 1
+                    log.warning("poisoned payload", server=server, reason=turn.poisoned)
+                return turn
+            self.state.failures[failure.kind] += 1
+            attempt += 1
+            if not failure.transient or attempt > settings.retries:
+                raise failure
+            log.info("retrying turn", server=server, error=str(failure), attempt=attempt)
+            await trio.sleep(min(settings.retry_backoff_s * 2 ** (attempt - 1), 30.0))
+
+
+def _seed(run_seed: int, rollout_id: str, turn: int) -> int:
+    digest = hashlib.blake2b(f"{run_seed}/{rollout_id}/{turn}".encode(), digest_size=4)
+    return int.from_bytes(digest.digest(), "little")
+
+
+def dispatch_urls(urls: Sequence[str]) -> tuple[str, ...]:
+    """Normalised server URLs (no trailing slash), in the given order."""
+    return tuple(url.rstrip("/") for url in urls)

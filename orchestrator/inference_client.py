@@ -1,0 +1,280 @@
+"""Talking to inference servers: one generate request per turn, and `update_weights`.
+
+Parsing is pure (`parse_generate_response`), so every malformed or hostile response is
+testable without a socket. The one blocking check, that segment files exist as regular
+files of the right size, runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import numpy as np
+import trio
+
+from orchestrator.payload import (
+    BadSegment,
+    PayloadError,
+    PayloadSegment,
+    decode_inline,
+    validate_segment,
+    validate_segments,
+)
+
+GENERATE_PATH = "/inference/v1/generate"
+UPDATE_WEIGHTS_PATH = "/update_weights"
+
+
+class InferenceFailure(Exception):
+    """A request that did not produce a usable answer.
+
+    `kind` is one of "connect", "timeout", "http_5xx", "http_4xx", "malformed". All but
+    "http_4xx" are transient: the same request may succeed when tried again.
+    """
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+    @property
+    def transient(self) -> bool:
+        return self.kind != "http_4xx"
+
+
+@attrs.frozen
+class TurnOutput:
+    """What one turn (one generate request, one choice) returned.
+
+    `files` are absolute paths of payload files this turn wrote whose names passed
+    validation: the only files the orchestrator will ever delete on its own. `poisoned`
+    names why the payload cannot be trusted (a bad segment, `payload_error`); the tokens
+    are still usable for the episode, but the rollout is never trained on.
+    """
+
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str
+    routing_pos: int
+    segments: Mapping[str, PayloadSegment] = attrs.field(factory=dict)
+    inline: Mapping[str, tuple[np.ndarray, int]] = attrs.field(factory=dict)
+    files: frozenset[str] = frozenset()
+    poisoned: str | None = None
+
+
+def build_generate_request(
+    *,
+    request_id: str,
+    token_ids: Sequence[int],
+    max_tokens: int,
+    seed: int,
+    payload_dir: Path | None,
+    fields: Sequence[str],
+) -> dict[str, Any]:
+    """The JSON body of a generate request (DESIGN §4)."""
+    sampling: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "top_k": 50,
+        "seed": seed,
+    }
+    if payload_dir is not None:
+        sampling["extra_args"] = {"payload_dir": str(payload_dir)}
+    return {
+        "request_id": request_id,
+        "token_ids": list(token_ids),
+        "sampling_params": sampling,
+        "return_routed_experts": "routed_experts" in fields,
+        "return_sampling_mask": "sampling_mask" in fields,
+    }
+
+
+def _malformed(detail: str) -> InferenceFailure:
+    return InferenceFailure("malformed", detail)
+
+
+def _int_list(value: object, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise _malformed(f"{what} must be a list of integers")
+    return tuple(value)
+
+
+def _float_list(value: object, what: str) -> tuple[float, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value
+    ):
+        raise _malformed(f"{what} must be a list of finite numbers")
+    return tuple(float(v) for v in value)
+
+
+def parse_generate_response(
+    body: bytes,
+    *,
+    prompt_len: int,
+    payload_dir: Path | None,
+    fields: Sequence[str],
+) -> TurnOutput:
+    """Parse and validate a generate response (pure: no file is touched).
+
+    Malformed JSON or a malformed choice raises `InferenceFailure("malformed")`: the
+    request is retried. A bad or missing payload does not raise: the turn comes back
+    `poisoned`, so the rollout is counted and dropped, never trained on and never a crash.
+    """
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _malformed(f"response is not JSON ({exc.__class__.__name__})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list) or not doc["choices"]:
+        raise _malformed("response has no choices")
+    choice = doc["choices"][0]
+    if not isinstance(choice, dict):
+        raise _malformed("choice must be an object")
+    completion = _int_list(choice.get("token_ids"), "token_ids")
+    logprobs = _float_list(choice.get("logprobs"), "logprobs")
+    if len(logprobs) != len(completion):
+        raise _malformed("logprobs and token_ids differ in length")
+    finish_reason = choice.get("finish_reason")
+    if not isinstance(finish_reason, str):
+        raise _malformed("finish_reason must be a string")
+    routing_pos = choice.get("routed_experts_prompt_start", 0)
+    if not isinstance(routing_pos, int) or isinstance(routing_pos, bool) or routing_pos < 0:
+        raise _malformed("routed_experts_prompt_start must be a non-negative integer")
+    out = TurnOutput(completion, logprobs, finish_reason, routing_pos)
+    if not fields:
+        return out
+    if payload_dir is None:
+        return _with_inline(out, choice, fields)
+    return _with_segments(out, choice, payload_dir, fields, prompt_len)
+
+
+def _with_inline(out: TurnOutput, choice: dict[str, Any], fields: Sequence[str]) -> TurnOutput:
+    arrays: dict[str, tuple[np.ndarray, int]] = {}
+    try:
+        for field in fields:
+            arrays[field] = decode_inline(choice.get(field), field=field)
+    except BadSegment as exc:
+        return attrs.evolve(out, poisoned=f"inline {exc}")
+    return attrs.evolve(out, inline=arrays)
+
+
+def _with_segments(
+    out: TurnOutput,
+    choice: dict[str, Any],
+    payload_dir: Path,
+    fields: Sequence[str],
+    prompt_len: int,
+) -> TurnOutput:
+    raw = choice.get("payload")
+    error = choice.get("payload_error")
+    segments: dict[str, PayloadSegment] = {}
+    files: set[str] = set()
+    problem: str | None = None
+    if error is not None:
+        problem = f"payload_error: {str(error)[:200]}"
+    if not isinstance(raw, list):
+        raw = []
+        problem = problem or "no payload segments"
+    for item in raw:
+        try:
+            segment = PayloadSegment.from_json(item)
+            validate_segment(segment, payload_dir=payload_dir)
+        except BadSegment as exc:
+            problem = problem or f"bad segment: {exc}"
+            continue
+        # Only names that passed validation are ever deleted by the orchestrator.
+        files.add(str(payload_dir / segment.file))
+        if segment.field in segments:
+            problem = problem or f"two segments for {segment.field}"
+        segments[segment.field] = segment
+    if problem is None:
+        problem = _check_rows(segments, fields, out, prompt_len)
+    return attrs.evolve(out, segments=segments, files=frozenset(files), poisoned=problem)
+
+
+def _check_rows(
+    segments: Mapping[str, PayloadSegment], fields: Sequence[str], out: TurnOutput, prompt_len: int
+) -> str | None:
+    """Rows must match the turn: routing rows up to the last forwarded token, mask rows per
+    completion token, both anchored where DESIGN §4 says."""
+    for field in fields:
+        if field not in segments:
+            return f"missing segment for {field}"
+    total = prompt_len + len(out.completion_ids)
+    routing = segments.get("routed_experts")
+    if routing is not None and (
+        routing.pos != out.routing_pos or routing.pos + routing.rows != total - 1
+    ):
+        return (
+            f"routed_experts rows {routing.pos}..{routing.pos + routing.rows} do not end at "
+            f"position {total - 2}"
+        )
+    mask = segments.get("sampling_mask")
+    if mask is not None and (mask.pos != prompt_len or mask.rows != len(out.completion_ids)):
+        return f"sampling_mask rows do not match the {len(out.completion_ids)} completion tokens"
+    return None
+
+
+async def check_segment_files(
+    turn: TurnOutput, *, root: Path, version: int, limiter: trio.CapacityLimiter
+) -> TurnOutput:
+    """Check the turn's segment files on disk (regular files, sizes) in a worker thread.
+
+    Returns the turn unchanged, or poisoned when a file is missing, short or a link.
+    """
+    if turn.poisoned is not None or not turn.segments:
+        return turn
+    segments = list(turn.segments.values())
+
+    def check() -> str | None:
+        try:
+            validate_segments(segments, root=root, version=version, check_files=True)
+        except PayloadError as exc:
+            return str(exc)
+        return None
+
+    problem = await trio.to_thread.run_sync(check, limiter=limiter)
+    return turn if problem is None else attrs.evolve(turn, poisoned=problem)
+
+
+async def post_generate(client: httpx.AsyncClient, url: str, body: Mapping[str, Any]) -> bytes:
+    """POST one generate request; the caller puts the deadline around it.
+
+    Raises `InferenceFailure` for connection errors and non-200 answers.
+    """
+    try:
+        response = await client.post(url.rstrip("/") + GENERATE_PATH, json=body)
+    except httpx.TimeoutException as exc:
+        raise InferenceFailure("timeout", f"{url}: {exc.__class__.__name__}") from None
+    except httpx.TransportError as exc:
+        raise InferenceFailure("connect", f"{url}: {exc.__class__.__name__}") from None
+    if response.status_code >= 500:
+        raise InferenceFailure("http_5xx", f"{url}: HTTP {response.status_code}")
+    if response.status_code != 200:
+        raise InferenceFailure(
+            "http_4xx", f"{url}: HTTP {response.status_code} {response.text[:200]!r}"
+        )
+    return response.content
+
+
+async def post_update_weights(client: httpx.AsyncClient, url: str, weight_dir: Path) -> None:
+    """Tell one server to load `weight_dir`. Raises `InferenceFailure` when it does not."""
+    try:
+        response = await client.post(
+            url.rstrip("/") + UPDATE_WEIGHTS_PATH, json={"weight_dir": str(weight_dir)}
+        )
+    except httpx.TimeoutException:
+        raise InferenceFailure("timeout", f"{url}: update_weights timed out") from None
+    except httpx.TransportError as exc:
+        raise InferenceFailure("connect", f"{url}: {exc.__class__.__name__}") from None
+    if response.status_code != 200:
+        kind = "http_5xx" if response.status_code >= 500 else "http_4xx"
+        raise InferenceFailure(kind, f"{url}: update_weights HTTP {response.status_code}")

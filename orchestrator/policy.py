@@ -1,0 +1,167 @@
+"""Policy updates: watch `weights/`, make every server load the new version, apply it,
+collect payload versions below the bound, then sweep stale groups (DESIGN §3, §5).
+
+The order is the guarantee: a version is applied only after every inference server has
+loaded it, and `v<k>` directories are collected only once the version is applied, with
+the bound `min_fresh_version(N + 1, m)`, below which no unread batch can reference a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import attrs
+import httpx
+import structlog
+import trio
+import watchfiles
+from payload_gc import PayloadGCError, collect_below, min_fresh_version
+
+from orchestrator.inference_client import InferenceFailure, post_update_weights
+from orchestrator.run_state import RunState
+from orchestrator.weights import published_versions, weights_step_dir
+
+log = structlog.get_logger("orchestrator.policy")
+
+
+class InferenceUnavailable(Exception):
+    """Inference servers did not answer within the configured deadline."""
+
+
+@attrs.frozen
+class PolicySettings:
+    weights_dir: Path
+    payload_root: Path
+    urls: tuple[str, ...]
+    max_off_policy_steps: int
+    force_polling: bool
+    poll_interval_s: float
+    request_timeout_s: float
+    retry_backoff_s: float
+    unavailable_deadline_s: float
+    collect_deadline_s: float = 3600.0
+
+
+async def broadcast_update_weights(
+    client: httpx.AsyncClient, settings: PolicySettings, version: int
+) -> None:
+    """Tell every server to load `version`, concurrently; retry each until it answers.
+
+    A server that is down is retried with backoff, not fatal; raises
+    `InferenceUnavailable` when one has not applied the version within
+    `unavailable_deadline_s`.
+    """
+    weight_dir = weights_step_dir(settings.weights_dir, version)
+
+    async def update(url: str) -> None:
+        attempt = 0
+        with trio.move_on_after(settings.unavailable_deadline_s) as scope:
+            while True:
+                try:
+                    with trio.fail_after(settings.request_timeout_s):
+                        await post_update_weights(client, url, weight_dir)
+                    return
+                except (InferenceFailure, trio.TooSlowError) as exc:
+                    attempt += 1
+                    log.warning("update_weights failed", url=url, version=version, error=str(exc))
+                    await trio.sleep(min(settings.retry_backoff_s * 2**attempt, 10.0))
+        if scope.cancelled_caught:
+            raise InferenceUnavailable(
+                f"inference server {url} did not load v{version} within "
+                f"{settings.unavailable_deadline_s:g} s"
+            )
+
+    async with trio.open_nursery() as nursery:
+        for url in settings.urls:
+            nursery.start_soon(update, url)
+
+
+@attrs.define
+class PolicyWatcher:
+    """Applies new policy versions as the trainer publishes them; see `serve`."""
+
+    settings: PolicySettings
+    state: RunState
+    client: httpx.AsyncClient
+    # Called after each collection: sweeps the sink and cancels groups that cannot ship.
+    sweep: Callable[[], Awaitable[None]]
+    file_limiter: trio.CapacityLimiter
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Watch `weights/` until cancelled; apply each new version in order of arrival."""
+        settings = self.settings
+        await trio.to_thread.run_sync(
+            lambda: settings.weights_dir.mkdir(parents=True, exist_ok=True)
+        )
+        task_status.started()
+        timeout_ms = max(int(settings.poll_interval_s * 1000), 50)
+        watch = watchfiles.awatch(
+            settings.weights_dir,
+            force_polling=settings.force_polling,
+            poll_delay_ms=timeout_ms,
+            debounce=50,
+            step=20,
+            # Wake up regularly even without events: a re-scan catches anything a watcher
+            # missed, and cancellation never waits long on the watcher's thread.
+            rust_timeout=timeout_ms,
+            yield_on_timeout=True,
+        )
+        await self.check_for_new_version()
+        async with contextlib.aclosing(watch) as changes:
+            async for _ in changes:
+                await self.check_for_new_version()
+
+    async def check_for_new_version(self) -> None:
+        versions = await trio.to_thread.run_sync(
+            published_versions, self.settings.weights_dir, limiter=self.file_limiter
+        )
+        # A version is only legitimate once its batch has shipped: anything newer is a
+        # leftover of another run in the same weights directory.
+        shipped = self.state.next_step - 1
+        usable = [v for v in versions if v <= shipped]
+        if usable and usable[-1] > self.state.applied_version:
+            await self.apply(usable[-1])
+
+    async def apply(self, version: int) -> None:
+        """Load `version` on every server, apply it, collect, sweep (DESIGN §5)."""
+        state, settings = self.state, self.settings
+        await broadcast_update_weights(self.client, settings, version)
+        previous = state.applied_version
+        state.applied_version = version
+        state.notify()
+        await self.collect(version)
+        await self.sweep()
+        state.settled_version = version
+        state.notify()
+        log.info("applied version", version=version, previous=previous, bound=state.bound)
+
+    async def collect(self, version: int) -> None:
+        """Delete every `v<k>` below `min_fresh_version(version + 1, m)`."""
+        state = self.state
+        bound = min_fresh_version(version + 1, self.settings.max_off_policy_steps)
+        started = time.monotonic()
+        try:
+            with trio.fail_after(self.settings.collect_deadline_s):
+                report = await collect_below(self.settings.payload_root, bound)
+        except (PayloadGCError, trio.TooSlowError, OSError) as exc:
+            # Disk use grows until the next collection succeeds; the run itself is safe.
+            log.error("collection failed", bound=bound, error=str(exc) or repr(exc))
+            return
+        state.bound = bound
+        state.files_deleted["collection"] += report.files
+        state.bytes_deleted["collection"] += report.bytes
+        log.info(
+            "collected",
+            bound=bound,
+            dirs=len(report.deleted),
+            files=report.files,
+            bytes=report.bytes,
+            duration_s=round(time.monotonic() - started, 3),
+        )
+
+
+def urls_tuple(urls: Sequence[str]) -> tuple[str, ...]:
+    return tuple(url.rstrip("/") for url in urls)

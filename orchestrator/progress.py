@@ -1,0 +1,105 @@
+"""The daemon's own state on disk: `<run_dir>/orchestrator/` (DESIGN §5).
+
+- `progress.json`: saved atomically after every shipped batch and every applied version,
+  for `orchestrator status` and for people. It is informative: the source of truth for
+  "shipped" is the set of complete batch directories, so a crash between shipping a batch
+  and saving progress neither re-ships nor loses a batch.
+- `daemon.lock`: one daemon per run, an advisory `flock` the kernel releases when the
+  process dies, even by SIGKILL, so a crash never leaves a lock to clean up by hand.
+
+Blocking functions: call them from a worker thread in async code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from orchestrator._durable_files import replace_file_atomically
+from orchestrator.errors import UserError
+
+PROGRESS_FILE = "progress.json"
+LOCK_FILE = "daemon.lock"
+
+
+@attrs.frozen
+class Progress:
+    """A snapshot of the run, as `progress.json` holds it."""
+
+    step: int  # the last shipped batch (0: none)
+    applied_version: int
+    bound: int  # the last collection bound
+    inflight_rollouts: int = 0
+    queued_samples: int = 0
+    discards: Mapping[str, int] = attrs.field(factory=dict)
+    updated_at: float = 0.0
+    pid: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def save_progress(state_dir: Path, progress: Progress) -> None:
+    """Write `progress.json` atomically (temp file, fsync, rename)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(progress.to_json(), indent=1, sort_keys=True).encode()
+    replace_file_atomically(state_dir / PROGRESS_FILE, data)
+
+
+def load_progress(state_dir: Path) -> Progress | None:
+    """The saved progress, or None when there is none or it cannot be read as progress."""
+    try:
+        raw = json.loads((state_dir / PROGRESS_FILE).read_bytes())
+        return Progress(
+            step=int(raw["step"]),
+            applied_version=int(raw["applied_version"]),
+            bound=int(raw["bound"]),
+            inflight_rollouts=int(raw.get("inflight_rollouts", 0)),
+            queued_samples=int(raw.get("queued_samples", 0)),
+            discards={str(k): int(v) for k, v in dict(raw.get("discards", {})).items()},
+            updated_at=float(raw.get("updated_at", 0.0)),
+            pid=int(raw.get("pid", 0)),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class RunLocked(UserError):
+    """Another daemon holds this run's lock."""
+
+
+@contextlib.contextmanager
+def hold_run_lock(state_dir: Path) -> Iterator[None]:
+    """Hold `<state_dir>/daemon.lock` for the duration; one daemon per run.
+
+    Raises RunLocked (one line, naming the holder) when another live process holds it.
+    """
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            raise RunLocked(
+                f"another orchestrator is running for this run ({holder}); lock file {path}"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(
+            fd,
+            f"host={socket.gethostname()} pid={os.getpid()} since={time.time():.0f}\n".encode(),
+            0,
+        )
+        yield
+    finally:
+        os.close(fd)

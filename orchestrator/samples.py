@@ -1,0 +1,121 @@
+"""From a rollout's turns to a trainable sample (pure): tokens, loss mask, logprobs, and
+the payload stitched for the sample's span (DESIGN §4 "From turns to samples")."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+import structlog
+
+from orchestrator.inference_client import TurnOutput
+from orchestrator.payload import (
+    BadSegment,
+    FinalTokenRoute,
+    PayloadSegment,
+    encode_inline,
+    stitch_inline_masks,
+    stitch_inline_routing,
+    stitch_masks,
+    stitch_routing,
+)
+from orchestrator.rollouts import Sample
+
+log = structlog.get_logger("orchestrator.samples")
+
+
+def build_sample(
+    rollout_id: str,
+    token_ids: Sequence[int],
+    turns: Sequence[tuple[int, TurnOutput]],
+    *,
+    payload_dir: Path | None,
+    fields: Sequence[str],
+    final_token_route: FinalTokenRoute,
+) -> tuple[Sample, bool]:
+    """The sample of one trajectory branch, and whether its routing had to be dropped.
+
+    `turns` pairs each turn's prompt length (the whole conversation before it) with what
+    it returned; `token_ids` is the branch's whole sequence. Completion tokens are in the
+    loss; prompt and environment tokens are not. A poisoned turn makes the sample
+    untrainable. A routing gap keeps the tokens and drops the routing (returned True):
+    the caller warns and counts.
+    """
+    length = len(token_ids)
+    loss_mask = [0] * length
+    logprobs = [0.0] * length
+    files: set[str] = set()
+    poisoned: str | None = None
+    for prompt_len, turn in turns:
+        end = prompt_len + len(turn.completion_ids)
+        loss_mask[prompt_len:end] = [1] * len(turn.completion_ids)
+        logprobs[prompt_len:end] = turn.logprobs
+        files |= turn.files
+        poisoned = poisoned or turn.poisoned
+    sample = Sample(
+        rollout_id=rollout_id,
+        token_ids=tuple(token_ids),
+        loss_mask=tuple(loss_mask),
+        logprobs=tuple(logprobs),
+        payload_dir=str(payload_dir) if payload_dir is not None else None,
+        files=frozenset(files),
+        untrainable=f"poisoned: {poisoned}" if poisoned else None,
+    )
+    if poisoned or not fields or not turns:
+        return sample, False
+    outputs = [turn for _, turn in turns]
+    try:
+        if payload_dir is not None:
+            payload, dropped = _stitch_segments(outputs, length, fields, final_token_route)
+            return attrs.evolve(sample, payload=payload), dropped
+        inline, dropped = _stitch_inline(outputs, length, fields, final_token_route)
+        return attrs.evolve(sample, inline=inline), dropped
+    except BadSegment as exc:
+        # Turns of one branch that disagree on dtype or row shape: not trainable.
+        return attrs.evolve(sample, untrainable=f"poisoned: {exc}"), False
+
+
+def _stitch_segments(
+    turns: Sequence[TurnOutput],
+    length: int,
+    fields: Sequence[str],
+    final_token_route: FinalTokenRoute,
+) -> tuple[dict[str, tuple[PayloadSegment, ...]], bool]:
+    payload: dict[str, tuple[PayloadSegment, ...]] = {}
+    dropped = False
+    if "routed_experts" in fields:
+        routing = stitch_routing(
+            [t.segments["routed_experts"] for t in turns], length, final_token_route
+        )
+        if routing is None:
+            dropped = True
+        else:
+            payload["routed_experts"] = tuple(routing)
+    if "sampling_mask" in fields:
+        payload["sampling_mask"] = tuple(
+            stitch_masks([t.segments["sampling_mask"] for t in turns], length)
+        )
+    return payload, dropped
+
+
+def _stitch_inline(
+    turns: Sequence[TurnOutput],
+    length: int,
+    fields: Sequence[str],
+    final_token_route: FinalTokenRoute,
+) -> tuple[dict[str, dict[str, object]], bool]:
+    inline: dict[str, dict[str, object]] = {}
+    dropped = False
+    if "routed_experts" in fields:
+        routing = stitch_inline_routing(
+            [t.inline["routed_experts"] for t in turns], length, final_token_route
+        )
+        if routing is None:
+            dropped = True
+        else:
+            inline["routed_experts"] = encode_inline(routing, 0)
+    if "sampling_mask" in fields:
+        mask = stitch_inline_masks([t.inline["sampling_mask"] for t in turns], length)
+        inline["sampling_mask"] = encode_inline(mask, 0)
+    return inline, dropped

@@ -1,0 +1,57 @@
+"""The embedded fleet of a run: the local servers' and trainer's settings from its config.
+
+`orchestrator run` starts `[sim] inference_servers` servers and, with `[sim] trainer =
+true`, the local trainer in its own nursery; tests that run them as separate processes
+use the `sim-inference` and `sim-trainer` commands, which build the same settings.
+"""
+
+from __future__ import annotations
+
+from orchestrator.config import Config
+from orchestrator.sim._faults import FaultRates
+from orchestrator.sim._model import SimModel
+from orchestrator.sim.inference import SimInferenceConfig
+from orchestrator.sim.trainer import SimTrainerConfig
+
+
+def sim_model(config: Config) -> SimModel:
+    """Every server of the fleet runs the same model (one policy, one routing function)."""
+    return SimModel(
+        layers=config.sim.layers,
+        num_experts=config.sim.num_experts,
+        top_k=config.sim.top_k,
+        vocab_size=config.sim.vocab_size,
+    )
+
+
+def sim_inference_config(config: Config, index: int, *, port: int = 0) -> SimInferenceConfig:
+    """Server `index` of the fleet; each draws its faults from its own seed."""
+    sim = config.sim
+    return SimInferenceConfig(
+        model=sim_model(config),
+        port=port,
+        time_per_token_s=sim.time_per_token_s,
+        faults=FaultRates(
+            http_500=sim.http_500_rate,
+            hang=sim.hang_rate,
+            malformed=sim.malformed_rate,
+            bad_segment=sim.bad_segment_rate,
+            payload_error=sim.payload_error_rate,
+        ),
+        fault_seed=abs(sim.fault_seed) * 1000 + index,
+        fsync=config.payload.fsync,
+    )
+
+
+def sim_trainer_config(config: Config) -> SimTrainerConfig:
+    """The local trainer: reads every batch's payloads (verifying digests), then publishes."""
+    return SimTrainerConfig(
+        batches_dir=config.batches_dir,
+        weights_dir=config.weights_dir,
+        train_time_s=config.sim.train_time_s,
+        max_steps=config.max_steps,
+        force_polling=config.trainer.force_polling,
+        poll_interval_s=config.trainer.poll_interval_s,
+        verify=True,
+        report_path=config.run_dir / "trainer" / "report.json",
+    )

@@ -1,0 +1,66 @@
+"""Start-up sync (DESIGN §7): a fresh run wipes the payload root; a resumed run keeps it,
+waits for the trainer to publish the last shipped step, applies it, and collects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import structlog
+import trio
+from payload_gc import PayloadGCError, wipe_root_async
+
+from orchestrator.batches import remove_partial_batches, shipped_steps
+from orchestrator.errors import UserError
+from orchestrator.progress import load_progress
+from orchestrator.weights import published_versions
+
+log = structlog.get_logger("orchestrator.startup")
+
+
+@attrs.frozen
+class StartPoint:
+    """Where a run starts: the last shipped step (0 for a fresh run) and whether it resumes."""
+
+    resume_step: int
+    resumed: bool
+
+
+def find_start_point(batches_dir: Path, state_dir: Path) -> StartPoint:
+    """Fresh when no batch was shipped and no progress was saved; otherwise resume after the
+    last complete batch directory (the source of truth for "shipped"). Blocking.
+
+    Leftover temp directories of a batch cut short by a crash are removed first.
+    """
+    removed = remove_partial_batches(batches_dir) if batches_dir.exists() else 0
+    if removed:
+        log.warning("removed partial batches", count=removed, batches_dir=str(batches_dir))
+    steps = shipped_steps(batches_dir) if batches_dir.exists() else []
+    progress = load_progress(state_dir)
+    if not steps and progress is None:
+        return StartPoint(0, resumed=False)
+    return StartPoint(steps[-1] if steps else 0, resumed=True)
+
+
+async def wipe_payload_root(root: Path) -> None:
+    """The fresh-run wipe, with payload_gc's refusals turned into one-line errors."""
+    try:
+        report = await wipe_root_async(root)
+    except PayloadGCError as exc:
+        raise UserError(f"cannot start a fresh run: {exc}") from None
+    log.info("wiped payload root", root=str(root), files=getattr(report, "files", None))
+
+
+async def wait_for_version(weights_dir: Path, version: int, *, poll_interval_s: float) -> None:
+    """Wait until `v{version}` is published (v0 always is). The caller sets the deadline."""
+    if version <= 0:
+        return
+    logged = False
+    while True:
+        versions = await trio.to_thread.run_sync(published_versions, weights_dir)
+        if versions and versions[-1] >= version:
+            return
+        if not logged:
+            log.info("waiting for the trainer to publish", version=version)
+            logged = True
+        await trio.sleep(poll_interval_s)

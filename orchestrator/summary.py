@@ -1,0 +1,144 @@
+"""The end-of-run summary and the invariants it checks (DESIGN §10).
+
+Invariants, checked from what is on disk, not from what the daemon believes:
+- batches 1..N are contiguous: the complete batch directories are exactly `step_1..N`;
+- the trainer saw no missing or corrupt payload (its report, when it wrote one);
+- after the last collection no `v<k>` below the bound remains in the payload root.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from orchestrator.batches import shipped_steps
+from orchestrator.run_state import RunState
+
+_VERSION_DIR = re.compile(r"v([0-9]+)")
+
+
+@attrs.frozen
+class Invariant:
+    name: str
+    held: bool | None  # None: could not be checked (e.g. no trainer report)
+    detail: str
+
+
+def check_invariants(
+    *,
+    batches_dir: Path,
+    payload_root: Path,
+    trainer_report: Path,
+    last_step: int,
+    bound: int | None,
+) -> list[Invariant]:
+    """Check the run's invariants on disk. Blocking."""
+    steps = shipped_steps(batches_dir) if batches_dir.exists() else []
+    expected = list(range(1, last_step + 1))
+    contiguous = Invariant(
+        "batches contiguous",
+        steps == expected,
+        f"batches 1..{last_step} shipped once each"
+        if steps == expected
+        else f"shipped steps {steps[:5]}...{steps[-5:]} != 1..{last_step}",
+    )
+    violations: Invariant
+    try:
+        report = json.loads(trainer_report.read_text())
+        count = len(report.get("violations", []))
+        violations = Invariant(
+            "no payload violations",
+            count == 0,
+            f"the trainer read {report.get('samples', '?')} samples of "
+            f"{report.get('steps', '?')} batches, {count} missing or corrupt payloads",
+        )
+    except (OSError, ValueError, AttributeError):
+        violations = Invariant("no payload violations", None, "no trainer report to check")
+    stale = sorted(
+        int(m.group(1))
+        for entry in (payload_root.iterdir() if payload_root.exists() else [])
+        if (m := _VERSION_DIR.fullmatch(entry.name))
+        and bound is not None
+        and int(m.group(1)) < bound
+    )
+    collected = Invariant(
+        "collected below bound",
+        None if bound is None else not stale,
+        "no collection ran"
+        if bound is None
+        else (f"only v<k> >= v{bound} remain" if not stale else f"left below v{bound}: {stale}"),
+    )
+    return [contiguous, violations, collected]
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
+        value /= 1024
+    return f"{n} B"
+
+
+def summary_data(
+    state: RunState,
+    discards: dict[str, int],
+    invariants: list[Invariant],
+    *,
+    duration_s: float,
+    first_step: int,
+) -> dict[str, Any]:
+    return {
+        "steps": state.next_step - 1,
+        "first_step": first_step,
+        "applied_version": state.applied_version,
+        "bound": state.bound,
+        "duration_s": round(duration_s, 2),
+        "rollouts": dict(state.rollouts),
+        "failures": dict(state.failures),
+        "discards": discards,
+        "payload_files_written": state.files_written,
+        "payload_bytes_written": state.bytes_written,
+        "files_deleted": dict(state.files_deleted),
+        "bytes_deleted": dict(state.bytes_deleted),
+        "peak_payload_bytes": state.peak_payload_bytes,
+        "final_payload_bytes": state.payload_bytes,
+        "invariants": [attrs.asdict(i) for i in invariants],
+    }
+
+
+def render_summary(data: dict[str, Any]) -> str:
+    """The summary as a few aligned lines for a person."""
+
+    def pairs(mapping: dict[str, int]) -> str:
+        return ", ".join(f"{k} {v}" for k, v in sorted(mapping.items())) or "none"
+
+    deleted_files = sum(data["files_deleted"].values())
+    deleted_bytes = sum(data["bytes_deleted"].values())
+    lines = [
+        "",
+        "== run summary ==",
+        f"steps          {data['steps']} (this process started at {data['first_step']}), "
+        f"applied v{data['applied_version']}, bound v{data['bound']}, {data['duration_s']} s",
+        f"rollouts       {pairs(data['rollouts'])}",
+        f"failures       {pairs(data['failures'])}",
+        f"discards       {pairs(data['discards'])}",
+        f"payload        written {data['payload_files_written']} files / "
+        f"{_size(data['payload_bytes_written'])}; deleted {deleted_files} files / "
+        f"{_size(deleted_bytes)} ({pairs(data['files_deleted'])})",
+        f"disk           peak {_size(data['peak_payload_bytes'])}, "
+        f"at exit {_size(data['final_payload_bytes'])}",
+        "invariants",
+    ]
+    for inv in data["invariants"]:
+        mark = {True: "ok  ", False: "FAIL", None: "n/a "}[inv["held"]]
+        lines.append(f"  {mark} {inv['name']}: {inv['detail']}")
+    return "\n".join(lines)
+
+
+def invariants_hold(data: dict[str, Any]) -> bool:
+    return all(inv["held"] is not False for inv in data["invariants"])

@@ -1,0 +1,156 @@
+"""The daemon end to end on the demo config: local servers over loopback HTTP, the local
+trainer reading every payload byte, real files, the collector after every update."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from orchestrator.batches import shipped_steps
+from orchestrator.config import Config, load_config
+from orchestrator.daemon import RunOutcome, run_daemon
+from orchestrator.errors import UserError
+from orchestrator.run_state import RunState
+from orchestrator.summary import check_invariants
+
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+
+
+def demo_config(run_dir: Path, *overrides: str) -> Config:
+    return load_config(
+        DEMO,
+        [
+            f'run_dir="{run_dir}"',
+            "sim.train_time_s=0.02",
+            "trainer.poll_interval_s=0.1",
+            *overrides,
+        ],
+    )
+
+
+def version_dirs(root: Path) -> list[int]:
+    return sorted(int(p.name[1:]) for p in root.iterdir() if p.name[1:].isdigit())
+
+
+async def watch_collections(state: RunState, root: Path, seen: list[tuple[int, list[int]]]) -> None:
+    """After every settled policy update, record the version dirs left in the root."""
+    last = state.settled_version
+    while True:
+        await state.wait_changed()
+        if state.settled_version != last and state.bound is not None:
+            last = state.settled_version
+            dirs = await trio.to_thread.run_sync(version_dirs, root)
+            seen.append((state.bound, dirs))
+
+
+async def run_with_watch(config: Config) -> tuple[RunOutcome, list[tuple[int, list[int]]]]:
+    seen: list[tuple[int, list[int]]] = []
+    outcome: list[RunOutcome] = []
+    async with trio.open_nursery() as nursery:
+
+        async def daemon(task_status: trio.TaskStatus[RunState]) -> None:
+            outcome.append(await run_daemon(config, task_status=task_status))
+            nursery.cancel_scope.cancel()
+
+        state = await nursery.start(daemon)
+        nursery.start_soon(watch_collections, state, config.payload_root, seen)
+    return outcome[0], seen
+
+
+def assert_invariants(config: Config, outcome: RunOutcome, steps: int) -> None:
+    invariants = check_invariants(
+        batches_dir=config.batches_dir,
+        payload_root=config.payload_root,
+        trainer_report=config.run_dir / "trainer" / "report.json",
+        last_step=steps,
+        bound=outcome.state.bound,
+    )
+    for invariant in invariants:
+        assert invariant.held is True, invariant
+
+
+@pytest.mark.slow
+async def test_demo_config_runs_steps_and_keeps_every_invariant(tmp_path: Path) -> None:
+    config = demo_config(tmp_path / "run", "max_steps=5")
+    with trio.fail_after(120):
+        outcome, seen = await run_with_watch(config)
+    state = outcome.state
+    assert state.next_step == 6
+    assert state.settled_version == 5
+    assert shipped_steps(config.batches_dir) == [1, 2, 3, 4, 5]
+    assert_invariants(config, outcome, 5)
+    # After every policy update, nothing below the bound is left in the payload root.
+    assert seen, "no policy update was observed"
+    for bound, dirs in seen:
+        assert all(k >= bound for k in dirs), (bound, dirs)
+    # The final bound after v5: min_fresh_version(6, 2) = 3.
+    assert state.bound == 3
+    assert all(k >= 3 for k in version_dirs(config.payload_root))
+    report = json.loads((config.run_dir / "trainer" / "report.json").read_text())
+    assert report["steps"] == 5 and report["violations"] == []
+    # Every shipped sample's payload was by handle and read back by the trainer.
+    batch = json.loads((config.batches_dir / "step_000005" / "batch.json").read_text())
+    assert len(batch["samples"]) == 16
+    assert all(s["payload"]["routed_experts"] for s in batch["samples"])
+    # Discarded rollouts' files were deleted at once, not only by the collector.
+    assert state.files_deleted["discard"] > 0
+    assert state.files_deleted["collection"] > 0
+
+
+@pytest.mark.slow
+async def test_stopped_mid_run_resumes_without_reshipping_or_skipping(tmp_path: Path) -> None:
+    config = demo_config(tmp_path / "run", "max_steps=6")
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            state: RunState = await nursery.start(run_daemon, config)
+            while state.next_step <= 3:
+                await state.wait_changed()
+            nursery.cancel_scope.cancel()
+    first = shipped_steps(config.batches_dir)
+    assert first and first == list(range(1, len(first) + 1))
+    mtimes = {
+        step: os.stat(config.batches_dir / f"step_{step:06d}" / "batch.json").st_mtime_ns
+        for step in first
+    }
+    # A straggler recreated a version directory far below any bound after the stop.
+    straggler = config.payload_root / "v0"
+    straggler.mkdir(exist_ok=True)
+    (straggler / "late.bin").write_bytes(b"x" * 100)
+
+    with trio.fail_after(120):
+        outcome, _ = await run_with_watch(config)
+    assert outcome.first_step == first[-1] + 1
+    assert shipped_steps(config.batches_dir) == [1, 2, 3, 4, 5, 6]
+    for step, mtime in mtimes.items():
+        path = config.batches_dir / f"step_{step:06d}" / "batch.json"
+        assert os.stat(path).st_mtime_ns == mtime, f"batch {step} was rewritten"
+    assert not straggler.exists()
+    assert_invariants(config, outcome, 6)
+
+
+async def test_fresh_run_wipes_a_previous_payload_root(tmp_path: Path) -> None:
+    config = demo_config(tmp_path / "run", "max_steps=1")
+    root = config.payload_root
+    (root / "v7").mkdir(parents=True)
+    (root / "v7" / "old.bin").write_bytes(b"old")
+    (root / ".payload-root").write_text("")
+    with trio.fail_after(60):
+        outcome = await run_daemon(config)
+    assert not (root / "v7").exists()
+    assert (root / ".payload-root").exists()
+    assert shipped_steps(config.batches_dir) == [1]
+    assert outcome.state.settled_version == 1
+
+
+async def test_fresh_run_refuses_a_root_it_did_not_create(tmp_path: Path) -> None:
+    config = demo_config(tmp_path / "run", "max_steps=1")
+    root = config.payload_root
+    root.mkdir(parents=True)
+    (root / "precious.txt").write_text("not ours")
+    with pytest.raises(UserError, match="payload"), trio.fail_after(60):
+        await run_daemon(config)
+    assert (root / "precious.txt").read_text() == "not ours"
