@@ -154,45 +154,49 @@ def _coprime_strides(num_experts: int) -> npt.NDArray[np.int32]:
     return coprime
 
 
-# A pure function of the model, built once per model: the permutations cost more than
-# routing a short request.
+# Each layer routes through a fixed set of this many expert tuples (a power of two, so
+# a hash picks one with a mask). Plenty for a simulator, and it makes routing a single
+# gather of whole rows: no per-element arithmetic on the [rows, layers, top_k] block.
+_PATTERNS_PER_LAYER = 4096
+
+
+# A pure function of the model, built once per model and shared read-only: building the
+# patterns costs more than routing a long request.
 @functools.lru_cache(maxsize=8)
-def _expert_tables(model: SimModel) -> npt.NDArray[np.unsignedinteger]:
-    """One fixed random permutation of the experts per layer, flattened `[layers * experts]`."""
-    rng = np.random.default_rng([model.seed, model.layers, model.num_experts])
-    tables = rng.permuted(np.tile(np.arange(model.num_experts), (model.layers, 1)), axis=1)
-    # Compacting the tables once makes every routed array compact (uint8/uint16) for free.
-    flat = compact_routed_experts(tables, model.num_experts).reshape(-1)
-    flat.flags.writeable = False  # shared by every caller through the cache
-    return flat
+def _routing_patterns(model: SimModel) -> npt.NDArray[np.unsignedinteger]:
+    """Per layer, `_PATTERNS_PER_LAYER` tuples of `top_k` distinct experts.
+
+    A tuple is an arithmetic progression `start + stride * j` modulo the expert count with
+    a stride coprime to it (so no expert repeats), seen through a fixed random permutation
+    of the layer's experts (so ids look scattered). Shape `[layers * patterns, top_k]`,
+    compact dtype (uint8 for at most 256 experts, else uint16).
+    """
+    layers, experts, top_k = model.layers, model.num_experts, model.top_k
+    rng = np.random.default_rng([model.seed, layers, experts, top_k])
+    permutations = rng.permuted(np.tile(np.arange(experts), (layers, 1)), axis=1)
+    shape = (layers, _PATTERNS_PER_LAYER, 1)
+    start = rng.integers(0, experts, size=shape)
+    stride = rng.choice(_coprime_strides(experts), size=shape)
+    slots = (start + stride * np.arange(top_k)) % experts
+    patterns = permutations[np.arange(layers)[:, None, None], slots]
+    compact = compact_routed_experts(patterns, experts).reshape(-1, top_k)
+    compact.flags.writeable = False
+    return compact
 
 
 def route(model: SimModel, hashes: UInt64Array) -> npt.NDArray[np.unsignedinteger]:
     """Routed expert ids `[len(hashes), layers, top_k]` for positions with these prefix hashes.
 
-    Each `(position, layer)` gets `top_k` distinct experts: an arithmetic progression with
-    a stride coprime to the expert count (so no repeats), seen through the layer's fixed
-    expert permutation (so ids look scattered). The dtype is uint8 for at most 256
+    Each `(position, layer)` gets `top_k` distinct experts, a tuple the position's prefix
+    hash picks among the layer's fixed patterns. The dtype is uint8 for at most 256
     experts, else uint16 (`compact_routed_experts`).
     """
-    layers, experts, top_k = model.layers, model.num_experts, model.top_k
+    layers = model.layers
     layer_salts = _splitmix64(np.arange(layers, dtype=np.uint64) + np.uint64(model.seed) * _GOLDEN)
     keys = _splitmix64(hashes[:, None] ^ layer_salts[None, :])
-    strides = _coprime_strides(experts)
-    # Reduce to small ints first, then step through the progression one expert slot at a
-    # time: a modulo over the whole [rows, layers, top_k] block is ten times slower.
-    slot = (keys % np.uint64(experts)).astype(np.int32)
-    stride = strides[((keys >> np.uint64(32)) % np.uint64(strides.size)).astype(np.intp)]
-    layer_offsets = (np.arange(layers, dtype=np.int32) * experts)[None, :]
-    tables = _expert_tables(model)
-    # Filled slot-major so each write is contiguous, then transposed once into row order.
-    by_slot = np.empty((top_k, hashes.shape[0], layers), dtype=tables.dtype)
-    for j in range(top_k):
-        if j:
-            slot += stride
-            np.subtract(slot, experts, out=slot, where=slot >= experts)
-        np.take(tables, slot + layer_offsets, out=by_slot[j])
-    routed = np.ascontiguousarray(by_slot.transpose(1, 2, 0))
+    picks = (keys & np.uint64(_PATTERNS_PER_LAYER - 1)).astype(np.intp)
+    picks += np.arange(layers, dtype=np.intp) * _PATTERNS_PER_LAYER
+    routed: npt.NDArray[np.unsignedinteger] = np.take(_routing_patterns(model), picks, axis=0)
     return routed
 
 

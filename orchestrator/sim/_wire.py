@@ -95,13 +95,15 @@ def _token_ids(obj: dict[str, Any], model: SimModel) -> tuple[int, ...]:
     tokens = obj.get("token_ids")
     if not isinstance(tokens, list) or not tokens:
         raise BadRequest("token_ids must be a non-empty list of integers")
-    for token in tokens:
-        if not isinstance(token, int) or isinstance(token, bool):
-            raise BadRequest(f"token_ids holds a non-integer ({token!r})")
-        if not 0 <= token < model.vocab_size:
-            raise BadRequest(
-                f"token_ids holds {token}, outside the vocabulary [0, {model.vocab_size})"
-            )
+    # `type(t) is int` rather than isinstance: JSON true/false parse as bools, which are
+    # ints. One pass each for types and range keeps an 8,000-token prompt near a millisecond.
+    if not all(type(token) is int for token in tokens):
+        bad = next(token for token in tokens if type(token) is not int)
+        raise BadRequest(f"token_ids holds a non-integer ({bad!r})")
+    low, high = min(tokens), max(tokens)
+    if low < 0 or high >= model.vocab_size:
+        bad = low if low < 0 else high
+        raise BadRequest(f"token_ids holds {bad}, outside the vocabulary [0, {model.vocab_size})")
     return tuple(tokens)
 
 
