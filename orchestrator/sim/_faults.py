@@ -36,7 +36,9 @@ class FaultRates:
     `hang` (no answer until the client gives up), `malformed` (status 200, truncated
     JSON), then, for by-handle requests only, `bad_segment` (one segment gets a traversal
     file name or an offset past the end of its file) and `payload_error` (the choice
-    reports a write failure and carries no payload).
+    reports a write failure and carries no payload). A `malformed` reply is generated
+    (and its payload files written) before the body is cut, as when a proxy drops the
+    end of a real reply: the files are left to the version collector.
     """
 
     http_500: float = attrs.field(default=0.0, validator=_rate)
