@@ -361,3 +361,20 @@ async def test_latency_model_on_virtual_time(
         elapsed = trio.current_time() - before
     tokens = len(result["choices"][0]["token_ids"])
     assert elapsed == pytest.approx(0.5 + 0.01 * tokens)
+
+
+async def test_payload_faults_hit_only_the_first_of_several_choices(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    client = await _start(nursery, faults=FaultRates(payload_error=1.0))
+    result = await _generate(client, _request(_prompt(10), tmp_path / "v0", n=3))
+    first, *others = result["choices"]
+    assert "payload" not in first
+    assert first["payload_error"]
+    for choice in others:
+        assert "payload_error" not in choice
+        assert [segment["field"] for segment in choice["payload"]] == [
+            "routed_experts",
+            "sampling_mask",
+        ]
+    assert len(list((tmp_path / "v0").iterdir())) == 2
