@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from payload_gc import min_fresh_version, parse_version
 
 

@@ -1,0 +1,61 @@
+"""The async API keeps the trio event loop running while it deletes thousands of files."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import payload_gc._collect as _collect
+import pytest
+import trio
+from payload_gc import collect_below
+from payload_gc._tree import Tally
+
+TICKS_WANTED = 20
+
+
+def _make_version(root: Path, version: int, files: int) -> None:
+    directory = root / f"v{version}"
+    directory.mkdir(parents=True)
+    for i in range(files):
+        (directory / f"{i:05d}.bin").write_bytes(b"p" * 512)
+
+
+async def test_the_loop_keeps_ticking_during_a_collection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await trio.to_thread.run_sync(_make_version, tmp_path, 0, 2000)
+    ticks = 0
+    ticks_while_deleting = 0
+    deleting = threading.Event()
+    enough_ticks = threading.Event()
+    done = trio.Event()
+    real_remove_tree = _collect.remove_tree
+
+    def remove_tree(parent_fd: int, name: str, path: str, root_dev: int, tally: Tally) -> bool:
+        # The deleting thread waits until the loop has woken up many times while it was
+        # busy: that only happens if the deletion does not hold up the event loop (a
+        # collector deleting on the loop thread would hang here and fail).
+        deleting.set()
+        assert enough_ticks.wait(20), "the event loop did not run while a deletion was busy"
+        return real_remove_tree(parent_fd, name, path, root_dev, tally)
+
+    async def ticker() -> None:
+        nonlocal ticks, ticks_while_deleting
+        while not done.is_set():
+            await trio.sleep(0.001)
+            ticks += 1
+            if deleting.is_set():
+                ticks_while_deleting += 1
+                if ticks_while_deleting >= TICKS_WANTED:
+                    enough_ticks.set()
+
+    monkeypatch.setattr(_collect, "remove_tree", remove_tree)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        report = await collect_below(tmp_path, 1, max_workers=1)
+        done.set()
+    assert report.files == 2000
+    assert report.deleted[0].name == "v0"
+    assert ticks_while_deleting >= TICKS_WANTED
+    assert ticks >= ticks_while_deleting

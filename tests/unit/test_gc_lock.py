@@ -1,0 +1,194 @@
+"""The collector's lock file: held, released, stale locks taken over, waiting for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+from payload_gc import LockHeld, collect_below, collect_below_sync
+from payload_gc._lock import (
+    LOCK_POLL_MAX_S,
+    HeldLock,
+    current_owner,
+    open_control_dir,
+    try_acquire,
+    wait_for_lock,
+)
+from payload_gc._tree import open_root
+
+
+@pytest.fixture
+def control_fd(tmp_path: Path) -> Iterator[int]:
+    root_fd = open_root(str(tmp_path))
+    fd = open_control_dir(root_fd, str(tmp_path))
+    os.close(root_fd)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _lock_file(root: Path) -> Path:
+    return root / ".payload-gc" / "lock"
+
+
+def _write_lock(root: Path, **fields: object) -> None:
+    owner = current_owner()
+    data = {
+        "host": owner.host,
+        "pid": owner.pid,
+        "time": time.time() - 100,
+        "token": "feedfeedfeedfeed",
+        "boot_id": owner.boot_id,
+        "start_ticks": owner.start_ticks,
+    }
+    data.update(fields)
+    _lock_file(root).parent.mkdir(exist_ok=True)
+    _lock_file(root).write_text(json.dumps(data))
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_lock_file_names_its_owner(tmp_path: Path, control_fd: int) -> None:
+    held = try_acquire(control_fd, str(tmp_path))
+    data = json.loads(_lock_file(tmp_path).read_text())
+    assert data["host"] == socket.gethostname()
+    assert data["pid"] == os.getpid()
+    assert abs(data["time"] - time.time()) < 60
+    held.release()
+    assert not _lock_file(tmp_path).exists()
+
+
+def test_a_second_collector_gets_lock_held(tmp_path: Path, control_fd: int) -> None:
+    held = try_acquire(control_fd, str(tmp_path))
+    with pytest.raises(LockHeld) as caught:
+        collect_below_sync(tmp_path, 5)
+    assert caught.value.pid == os.getpid()
+    assert caught.value.host == socket.gethostname()
+    assert caught.value.age_s is not None
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"locked by pid {os.getpid()} on {socket.gethostname()}" in message
+    held.release()
+    collect_below_sync(tmp_path, 5)
+
+
+def test_stale_lock_of_a_dead_pid_is_taken_over(tmp_path: Path) -> None:
+    (tmp_path / "v0").mkdir()
+    _write_lock(tmp_path, pid=_dead_pid(), start_ticks=None)
+    report = collect_below_sync(tmp_path, 1)
+    assert [d.name for d in report.deleted] == ["v0"]
+    assert not _lock_file(tmp_path).exists()
+    assert sorted(p.name for p in (tmp_path / ".payload-gc").iterdir()) == ["audit.jsonl"]
+
+
+def test_reused_pid_is_recognised_by_its_start_time(tmp_path: Path) -> None:
+    owner = current_owner()
+    if owner.start_ticks is None:
+        pytest.fail("this test needs /proc (Linux)")
+    # Our own, live pid, but a process that started at another time: the pid was reused.
+    _write_lock(tmp_path, start_ticks=owner.start_ticks + 1)
+    collect_below_sync(tmp_path, 1)
+    assert not _lock_file(tmp_path).exists()
+
+
+def test_lock_from_a_previous_boot_is_stale(tmp_path: Path) -> None:
+    _write_lock(tmp_path, boot_id="00000000-0000-0000-0000-000000000000")
+    collect_below_sync(tmp_path, 1)
+    assert not _lock_file(tmp_path).exists()
+
+
+def test_lock_from_another_host_is_never_broken(tmp_path: Path) -> None:
+    _write_lock(tmp_path, host="other-node-17", pid=_dead_pid())
+    with pytest.raises(LockHeld, match=r"locked by pid \d+ on other-node-17 for 10\d s"):
+        collect_below_sync(tmp_path, 1)
+    assert _lock_file(tmp_path).exists()
+
+
+def test_live_lock_of_this_process_is_not_stale(tmp_path: Path) -> None:
+    _write_lock(tmp_path)
+    with pytest.raises(LockHeld):
+        collect_below_sync(tmp_path, 1)
+
+
+def test_unreadable_lock_is_held(tmp_path: Path) -> None:
+    _lock_file(tmp_path).parent.mkdir()
+    _lock_file(tmp_path).write_text("")
+    with pytest.raises(LockHeld, match="unreadable") as caught:
+        collect_below_sync(tmp_path, 1)
+    assert caught.value.pid is None
+
+
+def test_release_leaves_a_lock_that_is_not_ours(tmp_path: Path, control_fd: int) -> None:
+    held = try_acquire(control_fd, str(tmp_path))
+    _write_lock(tmp_path, token="someone-else")
+    held.release()
+    assert _lock_file(tmp_path).exists()
+
+
+async def test_waiting_polls_with_backoff(autojump_clock: trio.testing.MockClock) -> None:
+    attempts: list[float] = []
+
+    def try_lock() -> None:
+        attempts.append(trio.from_thread.run_sync(trio.current_time))
+        if len(attempts) <= 7:
+            raise LockHeld("held", host=None, pid=None, age_s=None)
+
+    await wait_for_lock(try_lock)
+    # Sleeps of 0.05, 0.1, 0.2, 0.4, 0.8, then the 1 s maximum.
+    assert LOCK_POLL_MAX_S == 1.0
+    assert attempts == pytest.approx([0.0, 0.05, 0.15, 0.35, 0.75, 1.55, 2.55, 3.55])
+    assert trio.current_time() == pytest.approx(3.55)
+
+
+async def test_async_collection_waits_for_the_lock_until_the_deadline(
+    tmp_path: Path, control_fd: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    (tmp_path / "v0").mkdir()
+    held: HeldLock = await trio.to_thread.run_sync(try_acquire, control_fd, str(tmp_path))
+    with pytest.raises(trio.TooSlowError):
+        with trio.fail_after(30):
+            await collect_below(tmp_path, 1)
+    assert trio.current_time() == 30.0
+    assert await trio.to_thread.run_sync((tmp_path / "v0").is_dir)
+    # Still our lock: the waiting collector never broke it.
+    assert await trio.to_thread.run_sync(_lock_file(tmp_path).exists)
+    await trio.to_thread.run_sync(held.release)
+
+
+async def test_async_collection_proceeds_once_the_lock_is_released(
+    tmp_path: Path, control_fd: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    (tmp_path / "v0").mkdir()
+    held: HeldLock = await trio.to_thread.run_sync(try_acquire, control_fd, str(tmp_path))
+    async with trio.open_nursery() as nursery:
+        done = trio.Event()
+
+        async def collect() -> None:
+            report = await collect_below(tmp_path, 1)
+            assert [d.name for d in report.deleted] == ["v0"]
+            done.set()
+
+        nursery.start_soon(collect)
+        await trio.sleep(10)
+        assert not done.is_set()
+        assert await trio.to_thread.run_sync((tmp_path / "v0").is_dir)
+        await trio.to_thread.run_sync(held.release)
+        await done.wait()
+        # It noticed at one of its next polls (the virtual clock may jump over one poll
+        # while we wait for the release thread; the exact schedule is tested above).
+        assert 10.0 < trio.current_time() <= 10.0 + 2 * LOCK_POLL_MAX_S
+    assert not await trio.to_thread.run_sync((tmp_path / "v0").exists)

@@ -1,0 +1,84 @@
+"""fd-relative deletion primitives: vanished entries, other filesystems, measuring."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from payload_gc._tree import Tally, measure_dir, open_root, remove_tree
+
+
+@pytest.fixture
+def root_fd(tmp_path: Path) -> Iterator[int]:
+    fd = open_root(str(tmp_path))
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def test_removing_what_is_already_gone_is_success(root_fd: int) -> None:
+    tally = Tally()
+    assert remove_tree(root_fd, "v9", "v9", os.fstat(root_fd).st_dev, tally)
+    assert (tally.files, tally.problem_count) == (0, 0)
+
+
+def test_another_filesystem_is_left_in_place_and_reported(tmp_path: Path, root_fd: int) -> None:
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "f").write_bytes(b"abc")
+    tally = Tally()
+    # A device number that is not the root's: as if v1 were a mount point.
+    foreign_dev = os.fstat(root_fd).st_dev + 1
+    assert not remove_tree(root_fd, "v1", "v1", foreign_dev, tally)
+    assert tally.problems == ["v1: mount point of another filesystem, left in place"]
+    assert (tmp_path / "v1" / "f").read_bytes() == b"abc"
+
+
+def test_measure_counts_files_links_and_bytes_without_following(
+    tmp_path: Path, root_fd: int
+) -> None:
+    (tmp_path / "v1" / "d").mkdir(parents=True)
+    (tmp_path / "v1" / "a").write_bytes(b"12345")
+    (tmp_path / "v1" / "d" / "b").write_bytes(b"12")
+    (tmp_path / "v1" / "link").symlink_to(tmp_path / "v1" / "a")
+    usage = measure_dir(root_fd, "v1", os.fstat(root_fd).st_dev)
+    assert (usage.files, usage.bytes) == (3, 7)
+
+
+def test_measure_does_not_enter_another_filesystem(tmp_path: Path, root_fd: int) -> None:
+    (tmp_path / "v1" / "d").mkdir(parents=True)
+    (tmp_path / "v1" / "d" / "b").write_bytes(b"12")
+    # The top directory is opened regardless; subdirectories on another device are not.
+    usage = measure_dir(root_fd, "v1", os.fstat(root_fd).st_dev + 1)
+    assert (usage.files, usage.bytes) == (0, 0)
+
+
+def test_problem_list_is_capped_but_counted() -> None:
+    tally = Tally()
+    for i in range(25):
+        tally.problem(f"p{i}")
+    assert tally.problem_count == 25
+    assert len(tally.problems) == 20
+    assert tally.summary().endswith("; and 5 more")
+
+
+def test_deep_tree_needs_no_recursion(tmp_path: Path, root_fd: int) -> None:
+    # Deeper than the default recursion limit would allow for a recursive walk.
+    path = tmp_path / "v1"
+    path.mkdir()
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(1200):
+            os.mkdir("d", dir_fd=fd)
+            child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        os.close(os.open("leaf", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    finally:
+        os.close(fd)
+    tally = Tally()
+    assert remove_tree(root_fd, "v1", "v1", os.fstat(root_fd).st_dev, tally)
+    assert tally.files == 1
+    assert not (tmp_path / "v1").exists()
