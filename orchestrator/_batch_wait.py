@@ -10,6 +10,8 @@ import watchfiles
 
 from orchestrator._batch_store import batch_step_dir, is_complete_batch
 
+_MAX_WAKE_MS = 500
+
 
 async def wait_for_batch(
     batches_dir: Path,
@@ -22,27 +24,31 @@ async def wait_for_batch(
     """Wait until batch `step` is shipped in `batches_dir`; return its directory.
 
     Checks at once, then watches `batches_dir` with watchfiles and checks again on every
-    change, and at least every `poll_interval_s` seconds even without one: an event can be
-    missed (the batch may land between the first check and the watcher's start, and
+    change, and without one at least every `poll_interval_s` (0.5 s at most): an event
+    can be missed (the batch may land between the first check and the watcher's start;
     inotify never sees a rename made on another NFS host), and a missed event must not
     stall the trainer. `force_polling` makes watchfiles poll every `poll_interval_s`
     instead of using inotify, which is what NFS needs. `batches_dir` must exist.
 
-    Put a deadline at the call site (`with trio.fail_after(...)`) to bound the wait.
-    Raises OSError (FileNotFoundError when `batches_dir` is missing).
+    Put a deadline at the call site (`with trio.fail_after(...)`) to bound the wait; a
+    cancelled wait ends within 0.5 s. Raises OSError (FileNotFoundError when
+    `batches_dir` is missing).
     """
     batch_dir = batch_step_dir(batches_dir, step)
     if await _is_shipped(batch_dir, limiter):
         return batch_dir
     interval_ms = max(1, round(poll_interval_s * 1000))
+    # The watcher's thread cannot be cancelled: it returns (and a cancelled wait ends)
+    # only at its next timeout. Keep that short whatever the poll interval.
+    wake_ms = min(interval_ms, _MAX_WAKE_MS)
     changes = watchfiles.awatch(
         batches_dir,
         # A shipped batch appears as one rename in batches_dir itself.
         recursive=False,
         force_polling=force_polling,
         poll_delay_ms=interval_ms,
-        # Wake up every interval even without events (an empty set), to check again.
-        rust_timeout=interval_ms,
+        # Wake up even without events (an empty set), to check again.
+        rust_timeout=wake_ms,
         yield_on_timeout=True,
         # The default filter ignores names we do not care about either way; keep all.
         watch_filter=None,

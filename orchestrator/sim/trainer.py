@@ -1,0 +1,237 @@
+"""The local trainer (DESIGN §3, §10): reads each batch's payload bytes, then publishes.
+
+It stands in for a real trainer on one machine. For each step `s`, starting after the
+latest published version (so a killed trainer resumes where it stopped), it waits for
+batch `s`, reads it with `read_batch(verify=True)` (every payload byte, digests checked),
+"trains" for `train_time_s`, and publishes `v{s}`. A batch it cannot read (a missing or
+corrupt payload file, a malformed batch) is a **violation** of the orchestrator's
+guarantees: it is counted and logged, never a crash, and training goes on. Its
+`TrainerStats` are written as JSON to `report_path` after every step, so a test or the
+demo can check them from another process.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import structlog
+import trio
+
+from orchestrator._durable_files import replace_file_atomically
+from orchestrator.batches import BATCH_FILE, BatchError, read_batch, wait_for_batch
+from orchestrator.payload import BadSegment, PayloadCorrupt, PayloadError, PayloadMissing
+from orchestrator.weights import latest_published_version, publish_weights
+
+log = structlog.get_logger("orchestrator.sim.trainer")
+
+_T = TypeVar("_T")
+
+REPORT_FORMAT = "rollout-orchestrator.trainer-report/1"
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute.name} must be >= 0, got {value}")
+
+
+def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be > 0, got {value}")
+
+
+@attrs.frozen
+class SimTrainerConfig:
+    """What the local trainer needs. `max_steps = 0` trains until cancelled.
+
+    `poll_interval_s` bounds how long a missed filesystem event can delay the trainer,
+    and is the polling period with `force_polling` (NFS). Raises ValueError for
+    negative times or steps, or a poll interval that is not positive.
+    """
+
+    batches_dir: Path
+    weights_dir: Path
+    train_time_s: float = attrs.field(validator=_non_negative)
+    max_steps: int = attrs.field(validator=_non_negative)
+    force_polling: bool = False
+    poll_interval_s: float = attrs.field(default=1.0, validator=_positive)
+    verify: bool = True
+    report_path: Path | None = None
+
+
+@attrs.frozen
+class Violation:
+    """A batch the trainer could not read: which step, what kind, which file, why.
+
+    `kind` is one of `payload_missing`, `payload_corrupt`, `bad_payload`, `bad_batch`,
+    `io_error`.
+    """
+
+    step: int
+    kind: str
+    file: str
+    message: str
+
+
+@attrs.define
+class TrainerStats:
+    """What the trainer did: steps trained, samples and payload bytes read, violations.
+
+    The counts cover steps `first_step .. last_step`: `last_step` is the last version
+    published (`first_step - 1` before the first). A restarted trainer carries on the
+    previous report's counts when it can read them, else it counts from where it resumed.
+    """
+
+    first_step: int
+    last_step: int = 0
+    steps: int = 0
+    samples: int = 0
+    payload_bytes: int = 0
+    violations: list[Violation] = attrs.Factory(list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's JSON object."""
+        return {"format": REPORT_FORMAT, **attrs.asdict(self)}
+
+    @classmethod
+    def from_json(cls, obj: object) -> TrainerStats:
+        """Parse a report written by `to_json`. Raises ValueError when it is not one."""
+        if not isinstance(obj, dict) or obj.get("format") != REPORT_FORMAT:
+            raise ValueError("not a trainer report")
+        try:
+            violations = [Violation(**v) for v in obj["violations"]]
+            fields = {k: obj[k] for k in ("first_step", "last_step", "steps", "samples")}
+            stats = cls(**fields, payload_bytes=obj["payload_bytes"], violations=violations)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed trainer report: {exc}") from None
+        counts = (stats.first_step, stats.last_step, stats.steps, stats.samples)
+        if not all(type(value) is int for value in (*counts, stats.payload_bytes)):
+            raise ValueError("malformed trainer report: counts must be integers")
+        return stats
+
+
+@attrs.frozen
+class _StepRead:
+    samples: int
+    payload_bytes: int
+    violation: Violation | None
+
+
+async def serve_trainer(
+    config: SimTrainerConfig,
+    *,
+    task_status: trio.TaskStatus[TrainerStats] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Train on batches as they are shipped, publishing a version after each.
+
+    Starts at `latest_published_version + 1` and returns once `v{max_steps}` is published
+    (never when `max_steps == 0`). Reports readiness with the live `TrainerStats`, which
+    the caller may read at any time (also after cancelling the trainer). When
+    `report_path` is set and the trainer resumes, the counts of the previous report are
+    carried on. Violations are counted, never raised.
+
+    Raises OSError when the batches or weights directory cannot be created, listed or
+    written to.
+    """
+    # One thread at a time: the trainer does one thing at a time anyway.
+    limiter = trio.CapacityLimiter(1)
+    latest = await _in_thread(functools.partial(_prepare_dirs, config), limiter)
+    stats = await _in_thread(functools.partial(_initial_stats, config, latest), limiter)
+    await _write_report(config, stats, limiter)
+    task_status.started(stats)
+    step = latest + 1
+    log.info("trainer started", first_step=step, max_steps=config.max_steps)
+    while config.max_steps == 0 or step <= config.max_steps:
+        batch_dir = await wait_for_batch(
+            config.batches_dir,
+            step,
+            force_polling=config.force_polling,
+            poll_interval_s=config.poll_interval_s,
+            limiter=limiter,
+        )
+        read = await _in_thread(
+            functools.partial(_read_step, batch_dir, step, config.verify), limiter
+        )
+        await trio.sleep(config.train_time_s)
+        await _in_thread(functools.partial(publish_weights, config.weights_dir, step), limiter)
+        stats.last_step = step
+        stats.steps += 1
+        stats.samples += read.samples
+        stats.payload_bytes += read.payload_bytes
+        if read.violation is not None:
+            stats.violations.append(read.violation)
+        await _write_report(config, stats, limiter)
+        log.info(
+            "trained",
+            step=step,
+            samples=read.samples,
+            payload_bytes=read.payload_bytes,
+            violations=len(stats.violations),
+        )
+        step += 1
+
+
+async def _in_thread(fn: Callable[[], _T], limiter: trio.CapacityLimiter) -> _T:
+    return await trio.to_thread.run_sync(fn, limiter=limiter)
+
+
+def _prepare_dirs(config: SimTrainerConfig) -> int:
+    """Create the hand-off directories; return the latest published version."""
+    config.batches_dir.mkdir(parents=True, exist_ok=True)
+    config.weights_dir.mkdir(parents=True, exist_ok=True)
+    if config.report_path is not None:
+        config.report_path.parent.mkdir(parents=True, exist_ok=True)
+    return latest_published_version(config.weights_dir)
+
+
+def _initial_stats(config: SimTrainerConfig, latest: int) -> TrainerStats:
+    """Fresh stats, or the previous report's when resuming (latest > 0)."""
+    fresh = TrainerStats(first_step=latest + 1, last_step=latest)
+    if latest == 0 or config.report_path is None:
+        return fresh
+    try:
+        previous = TrainerStats.from_json(json.loads(config.report_path.read_bytes()))
+    except FileNotFoundError:
+        return fresh
+    except (OSError, ValueError) as exc:
+        log.warning("previous trainer report unusable; counting afresh", error=str(exc))
+        return fresh
+    previous.last_step = latest
+    return previous
+
+
+def _read_step(batch_dir: Path, step: int, verify: bool) -> _StepRead:
+    """Read a batch in full; a failure becomes a violation. Blocking."""
+    try:
+        batch = read_batch(batch_dir, verify=verify)
+    except BatchError as exc:
+        return _violation(step, "bad_batch", batch_dir / BATCH_FILE, exc)
+    except PayloadMissing as exc:
+        return _violation(step, "payload_missing", exc.path, exc)
+    except PayloadCorrupt as exc:
+        return _violation(step, "payload_corrupt", exc.path, exc)
+    except (BadSegment, PayloadError) as exc:
+        return _violation(step, "bad_payload", batch_dir / BATCH_FILE, exc)
+    except OSError as exc:
+        return _violation(step, "io_error", Path(exc.filename or batch_dir), exc)
+    return _StepRead(len(batch.samples), batch.payload_nbytes, None)
+
+
+def _violation(step: int, kind: str, file: Path, exc: Exception) -> _StepRead:
+    log.error("batch violates the hand-off", step=step, kind=kind, file=str(file), error=str(exc))
+    return _StepRead(0, 0, Violation(step=step, kind=kind, file=str(file), message=str(exc)))
+
+
+async def _write_report(
+    config: SimTrainerConfig, stats: TrainerStats, limiter: trio.CapacityLimiter
+) -> None:
+    if config.report_path is None:
+        return
+    data = (json.dumps(stats.to_json(), indent=2) + "\n").encode()
+    # A report is diagnostics, not state: atomic for readers, but no fsync needed.
+    write = functools.partial(replace_file_atomically, config.report_path, data, fsync=False)
+    await _in_thread(write, limiter)
