@@ -1,0 +1,99 @@
+"""`orchestrator sim-trainer --config FILE [--set KEY=VALUE ...]`: the local trainer.
+
+Reads each batch the orchestrator ships (every payload byte, digests verified), then
+publishes the next version, until `max_steps` (0: until SIGINT/SIGTERM). Logs one line
+per step on stderr and keeps `<run_dir>/trainer/report.json` up to date. Exit status: 0
+when every batch was read cleanly, 1 when some batch violated the hand-off (a missing or
+corrupt payload file, a malformed batch), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import UserError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from orchestrator.sim.trainer import SimTrainerConfig, TrainerStats
+
+HELP = "run the local trainer: read each shipped batch's payloads, then publish a version"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--config FILE`, any number of `--set KEY=VALUE`, and `--log-json`."""
+    from orchestrator.config import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train until `max_steps` or a signal; return 1 if any violation was seen, else 0.
+
+    Raises `UserError` (ConfigError) for a bad config, and for a batches, weights or
+    report directory that cannot be created or written.
+    """
+    import structlog
+    import trio
+
+    from orchestrator.config import config_from_args
+    from orchestrator.logs import configure_logging
+    from orchestrator.sim.fleet import sim_trainer_config
+
+    trainer_config = sim_trainer_config(config_from_args(args))
+    configure_logging(json_lines=True if args.log_json else None)
+    try:
+        stats = trio.run(_train_until_done_or_signal, trainer_config)
+    except (OSError, BaseExceptionGroup) as exc:
+        os_error = _only_os_error(exc)
+        if os_error is None:
+            raise
+        raise UserError(f"local trainer: {os_error}") from None
+    if stats is None:
+        return 0
+    structlog.get_logger("orchestrator.sim.trainer").info(
+        "trainer stopped",
+        steps=stats.steps,
+        last_step=stats.last_step,
+        samples=stats.samples,
+        payload_bytes=stats.payload_bytes,
+        violations=len(stats.violations),
+        report=str(trainer_config.report_path),
+    )
+    return 1 if stats.violations else 0
+
+
+async def _train_until_done_or_signal(config: SimTrainerConfig) -> TrainerStats | None:
+    """Run the trainer until it returns or a signal comes; None if stopped before it started."""
+    import trio
+
+    from orchestrator.sim.trainer import serve_trainer
+
+    async def train_then_stop(*, task_status: trio.TaskStatus[TrainerStats]) -> None:
+        await serve_trainer(config, task_status=task_status)
+        nursery.cancel_scope.cancel()
+
+    async def stop_on_signal(signals: AsyncIterator[int]) -> None:
+        async for _ in signals:
+            # Work in a worker thread (a read, a publish) completes before the trainer
+            # stops: a version is never half-published.
+            nursery.cancel_scope.cancel()
+            return
+
+    stats: TrainerStats | None = None
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_on_signal, signals)
+            stats = await nursery.start(train_then_stop)
+    return stats
+
+
+def _only_os_error(exc: BaseException) -> OSError | None:
+    """The OSError `exc` is or wraps (through nested groups) alone, else None."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, OSError) else None
