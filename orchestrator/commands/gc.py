@@ -1,0 +1,297 @@
+"""`orchestrator gc --config FILE [--set KEY=VALUE ...] [--dry-run] [--json]`: one collection.
+
+The bound comes from the run's own state: `min_fresh_version(applied + 1, m)`, with
+`applied` the applied version the daemon last saved in `progress.json`, never more: a
+version the daemon has not applied may still be in use by inference servers, and a batch
+the trainer has not read may still reference files below a higher bound (DESIGN §3).
+
+The collection goes through `payload_gc.collect_below_sync`, so it takes the collector's
+lock: it is safe while the daemon runs (the daemon's own collections wait for the lock),
+and another collection running is a one-line refusal. Exit status: 0 done, 1 partial
+(something could not be deleted), 2 refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    from payload_gc import CollectionPlan, CollectionReport, KeptEntry
+
+    from orchestrator._run_inspect import RunSnapshot
+
+HELP = "run one payload collection from the run's saved state (--dry-run: only show it)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--config FILE`, any number of `--set KEY=VALUE`, `--dry-run` and `--json`."""
+    from orchestrator.config import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument(
+        "--dry-run", action="store_true", help="show what would be deleted; delete nothing"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+@attrs.frozen
+class RunBound:
+    """The bound of this collection and where it comes from."""
+
+    bound: int
+    applied_version: int
+    max_off_policy_steps: int
+    progress_updated_at: float
+
+
+def run(args: argparse.Namespace) -> int:
+    """Collect (or with `--dry-run` plan) the run's payload root at the bound its saved
+    state allows; print the result. Returns 1 when the collection was partial.
+
+    Raises UserError (one line, exit 2) for a bad config, a missing run directory, no
+    readable progress, a missing or unsafe payload root, or a lock held by another
+    collector.
+    """
+    import time
+
+    from payload_gc import PayloadGCError, collect_below_sync, plan_root
+
+    from orchestrator._run_inspect import list_payload_root, read_run_snapshot
+    from orchestrator.config import config_from_args
+    from orchestrator.errors import UserError
+
+    config = config_from_args(args)
+    run_bound = bound_from_state(read_run_snapshot(config, source=str(args.config)))
+    root = str(config.payload_root)
+    now = time.time()
+    try:
+        if args.dry_run:
+            plan = plan_root(root, run_bound.bound)
+            check_payload_root(root, plan)
+            print(
+                dry_run_json(root, plan, run_bound)
+                if args.json
+                else render_dry_run(root, plan, run_bound, now)
+            )
+            return 0
+        # Only the root's direct children: the collection walks the directories once.
+        check_payload_root(root, list_payload_root(config.payload_root, run_bound.bound))
+        report = collect_below_sync(root, run_bound.bound)
+    except PayloadGCError as exc:
+        # Missing or unsafe root, or another collector holds the lock: all one line.
+        raise UserError(str(exc)) from None
+    print(report_json(report, run_bound) if args.json else render_report(report, run_bound, now))
+    return 1 if report.errors else 0
+
+
+def bound_from_state(snapshot: RunSnapshot) -> RunBound:
+    """The collection bound the run's saved progress allows.
+
+    Raises UserError when there is no readable progress: then no applied version is
+    known, so no payload version is known to be safe to delete.
+    """
+    from orchestrator._run_inspect import applied_collection_bound
+    from orchestrator.errors import UserError
+
+    progress = snapshot.progress
+    if progress is None:
+        raise UserError(
+            f"no applied version is known ({snapshot.progress_path} is "
+            f"{snapshot.progress_problem}), so nothing is known to be safe to delete; "
+            "start the daemon (it saves progress), or use payload-gc --below K"
+        )
+    return RunBound(
+        bound=applied_collection_bound(progress.applied_version, snapshot.max_off_policy_steps),
+        applied_version=progress.applied_version,
+        max_off_policy_steps=snapshot.max_off_policy_steps,
+        progress_updated_at=progress.updated_at,
+    )
+
+
+def check_payload_root(root: str, plan: CollectionPlan) -> None:
+    """Refuse a root that may not be a payload root at all: no `.payload-root` marker and
+    entries other than version directories (a mistyped `payload.root`, say).
+
+    Raises UserError naming an example entry.
+    """
+    from orchestrator.errors import UserError
+
+    if not plan.marked and plan.foreign:
+        raise UserError(
+            f"{root} has no .payload-root marker and holds entries that are not version "
+            f"directories (e.g. {plan.foreign[0]!r}); check payload.root in the config, or "
+            "mark it with payload-gc --root DIR --init if it really is the payload root"
+        )
+
+
+# -- text ------------------------------------------------------------------------------
+
+
+def _totals(dirs: int, files: int, size: int) -> str:
+    return f"{dirs} directories, {files} files, {size} bytes"
+
+
+def _why(run_bound: RunBound, now: float) -> str:
+    from orchestrator._run_inspect import format_as_of, format_version
+
+    return (
+        f"bound {format_version(run_bound.bound)} = min_fresh_version(applied "
+        f"{format_version(run_bound.applied_version)} + 1, max_off_policy_steps "
+        f"{run_bound.max_off_policy_steps}); applied version saved at "
+        f"{format_as_of(run_bound.progress_updated_at, now)}"
+    )
+
+
+def _table(rows: list[tuple[str, str, int | None, int | None, str]]) -> list[str]:
+    from orchestrator._run_inspect import format_table, human_bytes
+
+    if not rows:
+        return ["  (the root is empty)"]
+    return format_table(
+        ("entry", "action", "files", "size", "reason"),
+        (
+            (
+                name,
+                action,
+                "-" if files is None else str(files),
+                "-" if size is None else human_bytes(size),
+                note,
+            )
+            for name, action, files, size, note in rows
+        ),
+        numeric={2, 3},
+    )
+
+
+def _kept_rows(kept: tuple[KeptEntry, ...]) -> list[tuple[str, str, int | None, int | None, str]]:
+    return [
+        (
+            k.name,
+            "keep",
+            None if k.usage is None else k.usage.files,
+            None if k.usage is None else k.usage.bytes,
+            k.reason.value,
+        )
+        for k in kept
+    ]
+
+
+def render_dry_run(root: str, plan: CollectionPlan, run_bound: RunBound, now: float) -> str:
+    """The dry run for people; its first line says that nothing was deleted."""
+    from payload_gc import EntryKind
+
+    from orchestrator._run_inspect import format_version
+
+    totals = _totals(len(plan.delete), plan.files, plan.bytes)
+    rows = [
+        (
+            d.name,
+            "delete",
+            None if d.usage is None else d.usage.files,
+            None if d.usage is None else d.usage.bytes,
+            "symbolic link: unlinked, not followed" if d.kind is EntryKind.SYMLINK else "",
+        )
+        for d in plan.delete
+    ]
+    lines = [
+        "DRY RUN: nothing was deleted",
+        f"would delete {totals} from {root} (bound {format_version(plan.bound)})",
+        _why(run_bound, now),
+        "",
+        *_table(rows + _kept_rows(plan.keep)),
+        "",
+        f"total that would be deleted: {totals}",
+    ]
+    return "\n".join(lines)
+
+
+def render_report(report: CollectionReport, run_bound: RunBound, now: float) -> str:
+    """A real collection for people; its first line says what was deleted."""
+    from orchestrator._run_inspect import format_version
+
+    totals = _totals(report.dirs, report.files, report.bytes)
+    rows: list[tuple[str, str, int | None, int | None, str]] = [
+        (d.name, "deleted", d.files, d.bytes, "") for d in report.deleted
+    ]
+    lines = [
+        f"deleted {totals} from {report.root} (bound {format_version(report.bound)})",
+        _why(run_bound, now),
+        "",
+        *_table(rows + _kept_rows(report.kept)),
+        "",
+    ]
+    if report.errors:
+        lines.append(f"PARTIAL: {len(report.errors)} entries could not be deleted entirely:")
+        lines.extend(f"  {e.name}: {e.message}" for e in report.errors)
+    lines.append(f"total deleted: {totals} in {report.duration_s:.3f} s ({report.outcome})")
+    return "\n".join(lines)
+
+
+# -- JSON ------------------------------------------------------------------------------
+
+
+def _run_json(run_bound: RunBound) -> dict[str, Any]:
+    return {
+        "applied_version": run_bound.applied_version,
+        "max_off_policy_steps": run_bound.max_off_policy_steps,
+        "progress_updated_at": run_bound.progress_updated_at,
+    }
+
+
+def _kept_json(kept: tuple[KeptEntry, ...]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": k.name,
+            "version": k.version,
+            "files": None if k.usage is None else k.usage.files,
+            "bytes": None if k.usage is None else k.usage.bytes,
+            "reason": k.reason.value,
+        }
+        for k in kept
+    ]
+
+
+def dry_run_json(root: str, plan: CollectionPlan, run_bound: RunBound) -> str:
+    """The dry run as one JSON document (`delete` lists exactly what a real run deletes)."""
+    document = {
+        "root": root,
+        "bound": plan.bound,
+        "dry_run": True,
+        "run": _run_json(run_bound),
+        "delete": [
+            {
+                "name": d.name,
+                "version": d.version,
+                "files": None if d.usage is None else d.usage.files,
+                "bytes": None if d.usage is None else d.usage.bytes,
+            }
+            for d in plan.delete
+        ],
+        "keep": _kept_json(plan.keep),
+        "totals": {"dirs": len(plan.delete), "files": plan.files, "bytes": plan.bytes},
+    }
+    return json.dumps(document, indent=2)
+
+
+def report_json(report: CollectionReport, run_bound: RunBound) -> str:
+    """A real collection as one JSON document."""
+    document = {
+        "root": report.root,
+        "bound": report.bound,
+        "dry_run": False,
+        "run": _run_json(run_bound),
+        "delete": [
+            {"name": d.name, "version": d.version, "files": d.files, "bytes": d.bytes}
+            for d in report.deleted
+        ],
+        "keep": _kept_json(report.kept),
+        "totals": {"dirs": report.dirs, "files": report.files, "bytes": report.bytes},
+        "duration_s": report.duration_s,
+        "outcome": report.outcome,
+        "errors": [{"name": e.name, "message": e.message} for e in report.errors],
+    }
+    return json.dumps(document, indent=2)

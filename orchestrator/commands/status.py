@@ -1,0 +1,374 @@
+"""`orchestrator status --config FILE [--set KEY=VALUE ...] [--json]`: a run, from disk.
+
+Shows whether a daemon holds the run's lock, the last shipped step, the applied and
+published versions, the last collection bound, the in-flight and queued counts of the
+last saved progress, and the payload root's entries: files and bytes of each `v<k>`, and
+whether the daemon's next collection removes it. Reads files only, so it works the same
+whether the daemon runs or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    from payload_gc import CollectionPlan, RootEntry
+
+    from orchestrator._run_inspect import DaemonLock, RunSnapshot
+    from orchestrator.progress import Progress
+
+HELP = "show a run's step, versions, daemon and per-version payload disk use, from disk"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--config FILE`, any number of `--set KEY=VALUE`, and `--json`."""
+    from orchestrator.config import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the run's status (exit 0). A bad config or a run directory that does not
+    exist raises a UserError (one line, exit 2); a missing payload root is reported in
+    the output, not as an error."""
+    import time
+
+    from orchestrator._run_inspect import read_run_snapshot
+    from orchestrator.config import config_from_args
+
+    config = config_from_args(args)
+    snapshot = read_run_snapshot(config, source=str(args.config))
+    payload = survey_payload_root(snapshot)
+    now = time.time()
+    if args.json:
+        print(json.dumps(status_document(snapshot, payload, now), indent=2))
+    else:
+        print(render_status(snapshot, payload, now))
+    return 0
+
+
+@attrs.frozen
+class PayloadRow:
+    """One direct child of the payload root, as the status table shows it.
+
+    `removed_next` says whether the next collection removes it (None: unknown, because
+    no applied version is known); `reason` why it stays (None when removed or unknown).
+    """
+
+    name: str
+    version: int | None
+    files: int | None
+    bytes: int | None
+    removed_next: bool | None
+    reason: str | None
+
+
+@attrs.frozen
+class PayloadSurvey:
+    """The payload root measured, and what the next collection would remove from it.
+
+    `problem` is set (and `rows` empty) when the root is missing or cannot be read;
+    `next_bound` is None when no applied version is known; `marked` is None when the
+    root could not be read.
+    """
+
+    root: str
+    exists: bool
+    problem: str | None
+    marked: bool | None
+    next_bound: int | None
+    rows: tuple[PayloadRow, ...]
+
+    @property
+    def version_rows(self) -> tuple[PayloadRow, ...]:
+        return tuple(r for r in self.rows if r.version is not None)
+
+    def totals(self, rows: Iterable[PayloadRow]) -> dict[str, int]:
+        """Entries, files and bytes of `rows` (unmeasured entries count as 0 files)."""
+        listed = list(rows)
+        return {
+            "dirs": len(listed),
+            "files": sum(r.files or 0 for r in listed),
+            "bytes": sum(r.bytes or 0 for r in listed),
+        }
+
+    @property
+    def removed_next(self) -> tuple[PayloadRow, ...]:
+        return tuple(r for r in self.rows if r.removed_next)
+
+
+def survey_payload_root(snapshot: RunSnapshot) -> PayloadSurvey:
+    """Measure the payload root (one scan through payload_gc) and plan the next collection
+    on it: the one after `v{applied + 1}` is applied. Deletes nothing. Blocking.
+
+    Never raises for the root itself: a missing or unreadable root is the survey's
+    `problem`.
+    """
+    from payload_gc import PayloadGCError, RootMissing, plan_collection, scan_root
+
+    from orchestrator._run_inspect import next_collection_bound
+
+    root = str(snapshot.payload_root)
+    next_bound = None
+    if snapshot.progress is not None:
+        next_bound = next_collection_bound(
+            snapshot.progress.applied_version, snapshot.max_off_policy_steps
+        )
+    try:
+        entries = scan_root(root)
+    except RootMissing:
+        return PayloadSurvey(root, False, "does not exist yet", None, next_bound, ())
+    except PayloadGCError as exc:
+        return PayloadSurvey(root, True, str(exc), None, next_bound, ())
+    # The marker does not depend on the bound; any bound tells whether the root has it.
+    plan = plan_collection(entries, next_bound if next_bound is not None else 0)
+    rows = payload_rows(entries, plan if next_bound is not None else None)
+    return PayloadSurvey(root, True, None, plan.marked, next_bound, rows)
+
+
+def payload_rows(
+    entries: Iterable[RootEntry], plan: CollectionPlan | None
+) -> tuple[PayloadRow, ...]:
+    """The status table's rows, versions first in numeric order, then the other names.
+
+    With a `plan` each row says whether that collection removes the entry and why it
+    stays otherwise; without one (no applied version known) that is left unknown.
+    """
+    rows: list[PayloadRow]
+    if plan is None:
+        rows = [
+            PayloadRow(
+                e.name,
+                e.version,
+                None if e.usage is None else e.usage.files,
+                None if e.usage is None else e.usage.bytes,
+                None,
+                None,
+            )
+            for e in entries
+        ]
+    else:
+        rows = [
+            PayloadRow(
+                d.name,
+                d.version,
+                None if d.usage is None else d.usage.files,
+                None if d.usage is None else d.usage.bytes,
+                True,
+                None,
+            )
+            for d in plan.delete
+        ]
+        rows.extend(
+            PayloadRow(
+                k.name,
+                k.version,
+                None if k.usage is None else k.usage.files,
+                None if k.usage is None else k.usage.bytes,
+                False,
+                k.reason.value,
+            )
+            for k in plan.keep
+        )
+    rows.sort(key=_row_order)
+    return tuple(rows)
+
+
+def _row_order(row: PayloadRow) -> tuple[int, int, str]:
+    if row.version is None:
+        return (1, 0, row.name)
+    return (0, row.version, row.name)
+
+
+# -- JSON ------------------------------------------------------------------------------
+
+
+def status_document(snapshot: RunSnapshot, payload: PayloadSurvey, now: float) -> dict[str, Any]:
+    """The status as one JSON-ready document (the same facts as the text)."""
+    progress = snapshot.progress
+    next_collection = None
+    if payload.next_bound is not None:
+        assert progress is not None  # a next bound is known only from progress
+        next_collection = {
+            "after_version": progress.applied_version + 1,
+            "bound": payload.next_bound,
+        }
+    return {
+        "run_dir": str(snapshot.run_dir),
+        "daemon": {
+            "running": snapshot.daemon.running,
+            "holder": snapshot.daemon.holder,
+            "lock_file": str(snapshot.daemon.path),
+        },
+        "last_shipped_step": snapshot.shipped_step,
+        "latest_published_version": snapshot.published_version,
+        "max_off_policy_steps": snapshot.max_off_policy_steps,
+        "progress_file": str(snapshot.progress_path),
+        "progress_problem": snapshot.progress_problem,
+        "progress": None if progress is None else _progress_json(progress, now),
+        "next_collection": next_collection,
+        "payload_root": _payload_json(payload),
+    }
+
+
+def _progress_json(progress: Progress, now: float) -> dict[str, Any]:
+    return {
+        "updated_at": progress.updated_at,
+        "age_s": round(now - progress.updated_at, 3) if progress.updated_at > 0 else None,
+        "pid": progress.pid,
+        "step": progress.step,
+        "applied_version": progress.applied_version,
+        "last_collection_bound": progress.bound,
+        # As of `updated_at`: the daemon saves progress after each batch and update.
+        "inflight_rollouts": progress.inflight_rollouts,
+        "queued_samples": progress.queued_samples,
+        "discards": dict(progress.discards),
+    }
+
+
+def _payload_json(payload: PayloadSurvey) -> dict[str, Any]:
+    removed = payload.removed_next if payload.next_bound is not None else None
+    return {
+        "path": payload.root,
+        "exists": payload.exists,
+        "problem": payload.problem,
+        "marked": payload.marked,
+        "entries": [
+            {
+                "name": r.name,
+                "version": r.version,
+                "files": r.files,
+                "bytes": r.bytes,
+                "removed_by_next_collection": r.removed_next,
+                "reason": r.reason,
+            }
+            for r in payload.rows
+        ],
+        "totals": payload.totals(payload.version_rows),
+        "next_collection_removes": None if removed is None else payload.totals(removed),
+    }
+
+
+# -- text ------------------------------------------------------------------------------
+
+
+def render_status(snapshot: RunSnapshot, payload: PayloadSurvey, now: float) -> str:
+    """The status for people: the run's facts, then the payload root's table."""
+    from orchestrator._run_inspect import format_version
+
+    progress = snapshot.progress
+    facts: list[tuple[str, str]] = [
+        ("daemon", _describe_daemon(snapshot.daemon)),
+        ("last shipped", _describe_shipped(snapshot)),
+        ("published", f"{format_version(snapshot.published_version)} (latest weights)"),
+    ]
+    if progress is None:
+        facts.append(("progress", f"none: {snapshot.progress_path} is {snapshot.progress_problem}"))
+    else:
+        facts.extend(_progress_facts(progress, now))
+    facts.append(("next collection", _describe_next(snapshot, payload)))
+    width = max(len(label) for label, _ in facts) + 1
+    lines = [f"run {snapshot.run_dir}"]
+    lines.extend(f"  {label + ':':<{width}} {text}" for label, text in facts)
+    lines.append("")
+    lines.extend(_payload_lines(payload))
+    return "\n".join(lines)
+
+
+def _describe_daemon(daemon: DaemonLock) -> str:
+    if daemon.running is None:
+        return f"unknown: cannot check the lock {daemon.path}"
+    if daemon.running:
+        return f"running ({daemon.holder or 'holder not recorded'})"
+    if daemon.holder is None:
+        return "not running"
+    return f"not running (last: {daemon.holder})"
+
+
+def _describe_shipped(snapshot: RunSnapshot) -> str:
+    text = f"step {snapshot.shipped_step}" if snapshot.shipped_step else "none"
+    progress = snapshot.progress
+    if progress is not None and progress.step != snapshot.shipped_step:
+        # The batch directories are the truth; progress lags after a crash mid-save.
+        text += f" (progress.json says {progress.step})"
+    return text
+
+
+def _progress_facts(progress: Progress, now: float) -> list[tuple[str, str]]:
+    from orchestrator._run_inspect import format_as_of, format_version
+
+    as_of = format_as_of(progress.updated_at, now)
+    discards = ", ".join(f"{reason} {n}" for reason, n in sorted(progress.discards.items()))
+    return [
+        ("applied", format_version(progress.applied_version)),
+        ("last collection", f"bound {format_version(progress.bound)}"),
+        (
+            "in flight",
+            f"{progress.inflight_rollouts} rollouts, {progress.queued_samples} queued samples"
+            f" (as of {as_of})",
+        ),
+        ("discards", discards or "none"),
+    ]
+
+
+def _describe_next(snapshot: RunSnapshot, payload: PayloadSurvey) -> str:
+    from orchestrator._run_inspect import format_version
+
+    if payload.next_bound is None or snapshot.progress is None:
+        return "unknown (no applied version saved)"
+    after = format_version(snapshot.progress.applied_version + 1)
+    return (
+        f"after {after} is applied: bound {format_version(payload.next_bound)}"
+        f" (max_off_policy_steps {snapshot.max_off_policy_steps})"
+    )
+
+
+def _payload_lines(payload: PayloadSurvey) -> list[str]:
+    from orchestrator._run_inspect import format_table, human_bytes
+
+    if payload.problem is not None:
+        return [f"payload root {payload.root}: {payload.problem}"]
+    title = f"payload root {payload.root}"
+    if payload.marked is False:
+        title += " (no .payload-root marker)"
+    if not payload.rows:
+        return [title, "  (empty)"]
+    table = format_table(
+        ("entry", "files", "size", "next collection"),
+        (
+            (
+                r.name,
+                "-" if r.files is None else str(r.files),
+                "-" if r.bytes is None else human_bytes(r.bytes),
+                _next_cell(r),
+            )
+            for r in payload.rows
+        ),
+        numeric={1, 2},
+    )
+    total = payload.totals(payload.version_rows)
+    summary = (
+        f"total: {total['dirs']} version directories, {total['files']} files, "
+        f"{human_bytes(total['bytes'])}"
+    )
+    if payload.next_bound is not None:
+        removed = payload.totals(payload.removed_next)
+        summary += (
+            f"; the next collection removes {removed['dirs']} directories, "
+            f"{removed['files']} files, {human_bytes(removed['bytes'])}"
+        )
+    return [title, *table, "", summary]
+
+
+def _next_cell(row: PayloadRow) -> str:
+    if row.removed_next is None:
+        return "?"
+    if row.removed_next:
+        return "remove"
+    return f"keep ({row.reason})" if row.reason else "keep"
