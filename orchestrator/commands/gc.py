@@ -84,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
     except PayloadGCError as exc:
         # Missing or unsafe root, or another collector holds the lock: all one line.
         raise UserError(str(exc)) from None
+    except OSError as exc:
+        # Whatever payload_gc did not anticipate still gets one line, not a traceback.
+        raise UserError(f"payload root {root}: {exc.strerror or exc}") from None
     print(report_json(report, run_bound) if args.json else render_report(report, run_bound, now))
     return 1 if report.errors else 0
 

@@ -73,7 +73,8 @@ class PayloadRow:
 class PayloadSurvey:
     """The payload root measured, and what the next collection would remove from it.
 
-    `problem` is set (and `rows` empty) when the root is missing or cannot be read;
+    `problem` is set (and `rows` empty) when the root is missing or cannot be read: a
+    sentence naming the root;
     `next_bound` is None when no applied version is known; `marked` is None when the
     root could not be read.
     """
@@ -123,9 +124,21 @@ def survey_payload_root(snapshot: RunSnapshot) -> PayloadSurvey:
     try:
         entries = scan_root(root)
     except RootMissing:
-        return PayloadSurvey(root, False, "does not exist yet", None, next_bound, ())
+        return PayloadSurvey(
+            root, False, f"payload root {root} does not exist yet", None, next_bound, ()
+        )
     except PayloadGCError as exc:
         return PayloadSurvey(root, True, str(exc), None, next_bound, ())
+    except OSError as exc:
+        # E.g. the root became unreadable while listed: a status line, not a traceback.
+        return PayloadSurvey(
+            root,
+            True,
+            f"payload root {root} cannot be read: {exc.strerror or exc}",
+            None,
+            next_bound,
+            (),
+        )
     # The marker does not depend on the bound; any bound tells whether the root has it.
     plan = plan_collection(entries, next_bound if next_bound is not None else 0)
     rows = payload_rows(entries, plan if next_bound is not None else None)
@@ -333,7 +346,7 @@ def _payload_lines(payload: PayloadSurvey) -> list[str]:
     from orchestrator._run_inspect import format_table, human_bytes
 
     if payload.problem is not None:
-        return [f"payload root {payload.root}: {payload.problem}"]
+        return [payload.problem]
     title = f"payload root {payload.root}"
     if payload.marked is False:
         title += " (no .payload-root marker)"

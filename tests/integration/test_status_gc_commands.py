@@ -289,7 +289,7 @@ def test_status_of_a_run_without_progress_or_payload_root(
     code, out, err = _run(capsys, "status", "--config", str(config_file))
     assert (code, err) == (0, "")
     assert "  progress:        none: " in out
-    assert out.rstrip().endswith(f"payload root {run_dir / 'payloads'}: does not exist yet")
+    assert out.rstrip().endswith(f"payload root {run_dir / 'payloads'} does not exist yet")
     assert "next collection: unknown (no applied version saved)" in out
     code, out, _ = _run(capsys, "status", "--config", str(config_file), "--json")
     doc = json.loads(out)
@@ -477,3 +477,25 @@ def test_gc_refusals_are_one_line(
     other = run_dir / "elsewhere"
     err = _refused(capsys, "gc", "--config", str(config_file), "--set", f'payload.root="{other}"')
     assert err == f"orchestrator gc: error: payload root {other} does not exist\n"
+
+
+def test_status_reports_an_unsafe_root_and_lagging_progress(
+    config_file: Path, run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _build_run(run_dir)
+    # A crash between shipping batch 12 and saving progress: the batch dirs are the truth.
+    publish_batch(run_dir / "batches", APPLIED + 2, [_sample()], fsync=False)
+    real_root = root.rename(run_dir / "real-payloads")
+    root.symlink_to(real_root, target_is_directory=True)
+    code, out, err = _run(capsys, "status", "--config", str(config_file))
+    assert (code, err) == (0, "")
+    assert "  last shipped:    step 12 (progress.json says 11)\n" in out
+    assert out.rstrip().endswith(
+        f"payload root {root} is a symbolic link; refusing (pass the real directory)"
+    )
+    code, out, _ = _run(capsys, "status", "--config", str(config_file), "--json")
+    doc = json.loads(out)
+    assert doc["last_shipped_step"] == 12
+    assert doc["progress"]["step"] == 11
+    assert "is a symbolic link" in doc["payload_root"]["problem"]
+    assert doc["payload_root"]["entries"] == []
