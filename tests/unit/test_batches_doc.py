@@ -1,0 +1,122 @@
+"""The reference reader in docs/protocol.md § Batches runs and agrees with read_batch."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from orchestrator.batches import TrainSample, publish_batch, read_batch
+from orchestrator.payload import (
+    FinalTokenRoute,
+    encode_inline,
+    stitch_inline_masks,
+    stitch_inline_routing,
+    stitch_masks,
+    stitch_routing,
+    write_payload_file,
+)
+
+PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+
+
+def reference_reader() -> dict[str, Any]:
+    """Execute the documented reader; return its namespace."""
+    text = PROTOCOL.read_text()
+    batches = text[text.index("\n## Batches\n") :]
+    [code] = re.findall(r"```python\n(# reference reader.*?)```", batches, flags=re.S)
+    namespace: dict[str, Any] = {"__name__": "reference_reader"}
+    exec(compile(code, f"{PROTOCOL}:Batches", "exec"), namespace)
+    return namespace
+
+
+def _samples(payload_dir: Path, route: FinalTokenRoute) -> list[TrainSample]:
+    rng = np.random.default_rng(1)
+    # Two turns: prompt 6 + 3 sampled; then 2 env tokens + 2 sampled (13 tokens), the
+    # second turn's routing from position 4 (a cached prefix), uint16 ids.
+    r1 = rng.integers(0, 300, size=(8, 3, 2)).astype(np.uint16)
+    m1 = rng.integers(0, 99, size=(3, 4)).astype(np.int32)
+    r2 = rng.integers(0, 300, size=(8, 3, 2)).astype(np.uint16)
+    m2 = rng.integers(0, 99, size=(2, 2)).astype(np.int32)
+    t1 = write_payload_file(payload_dir, {"routed_experts": (r1, 0), "sampling_mask": (m1, 6)})
+    t2 = write_payload_file(payload_dir, {"routed_experts": (r2, 4), "sampling_mask": (m2, 11)})
+    loss_mask = [0] * 6 + [1] * 3 + [0] * 2 + [1] * 2
+    common: dict[str, Any] = {
+        "group_id": "g",
+        "rollout_id": "r",
+        "start_version": 3,
+        "dispatch_version": 3,
+        "reward": 1.0,
+        "advantage": -0.25,
+        "token_ids": range(13),
+        "loss_mask": loss_mask,
+        "logprobs": [-0.5 * bit for bit in loss_mask],
+    }
+    samples = []
+    for length in (13, 10):
+        routing = stitch_routing([t1[0], t2[0]], length, route)
+        assert routing is not None
+        masks = stitch_masks([t1[1], t2[1]], length)
+        inline_routing = stitch_inline_routing([(r1, 0), (r2, 4)], length, route)
+        assert inline_routing is not None
+        inline_masks = stitch_inline_masks([(m1, 6), (m2, 11)], length)
+        per_length = {
+            **common,
+            "token_ids": range(length),
+            "loss_mask": loss_mask[:length],
+            "logprobs": common["logprobs"][:length],
+        }
+        samples += [
+            TrainSample(
+                **per_length,
+                payload_dir=str(payload_dir),
+                payload={"routed_experts": routing, "sampling_mask": masks},
+            ),
+            TrainSample(
+                **per_length,
+                inline={
+                    "routed_experts": encode_inline(inline_routing, 0),
+                    "sampling_mask": encode_inline(inline_masks, 0),
+                },
+            ),
+            TrainSample(**per_length),
+        ]
+    return samples
+
+
+@pytest.mark.parametrize("route", ["repeat", "sentinel"])
+def test_the_documented_reader_matches_read_batch(tmp_path: Path, route: FinalTokenRoute) -> None:
+    samples = _samples(tmp_path / "payloads" / "v3", route)
+    batch_dir = publish_batch(tmp_path / "batches", 7, samples, fsync=False)
+    documented = reference_reader()["read_batch_json"](batch_dir)
+    ours = read_batch(batch_dir)
+    assert len(documented) == len(ours.samples) == 6
+    for theirs, mine in zip(documented, ours.samples, strict=True):
+        expected = {
+            "token_ids": mine.token_ids,
+            "loss_mask": mine.loss_mask,
+            "advantages": mine.advantages,
+            "logprobs": mine.logprobs,
+        }
+        for field in ("routed_experts", "sampling_mask"):
+            if getattr(mine, field) is not None:
+                expected[field] = getattr(mine, field)
+        assert theirs.keys() == expected.keys()
+        for name, array in expected.items():
+            assert theirs[name].dtype == array.dtype, name
+            assert theirs[name].shape == array.shape, name
+            assert theirs[name].tobytes() == array.tobytes(), name
+
+
+def test_the_documented_reader_detects_corruption(tmp_path: Path) -> None:
+    samples = _samples(tmp_path / "payloads" / "v3", "repeat")
+    batch_dir = publish_batch(tmp_path / "batches", 7, samples[:1], fsync=False)
+    victim = next((tmp_path / "payloads" / "v3").iterdir())
+    data = bytearray(victim.read_bytes())
+    data[0] ^= 1
+    victim.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="digest mismatch"):
+        reference_reader()["read_batch_json"](batch_dir)
