@@ -30,6 +30,8 @@ log = structlog.get_logger("orchestrator.metrics")
 IDLE_DEADLINE_S = 75.0
 # Once a request has started, its head must arrive and its response leave within this.
 REQUEST_DEADLINE_S = 10.0
+# How long a connection the server closes may drain what the client still sends.
+LINGER_DEADLINE_S = 2.0
 
 _LOOPBACK = "127.0.0.1"
 
@@ -102,25 +104,42 @@ async def _answer_requests(render: Callable[[], str], stream: trio.SocketStream)
         if not buffer:
             return  # idle too long
         with trio.fail_after(REQUEST_DEADLINE_S):
-            try:
-                request = parse_request_head(await _read_head(stream, buffer))
-            except MalformedRequest as exc:
-                log.debug("bad metrics request", error=str(exc))
-                response = plain_response(HTTPStatus.BAD_REQUEST, str(exc))
-                await stream.send_all(encode_response(response, head_only=False, keep_alive=False))
-                return
-            except _HeadTooLarge:
-                response = plain_response(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
-                await stream.send_all(encode_response(response, head_only=False, keep_alive=False))
-                return
-            response = _respond(request, render)
+            request = await _read_request(stream, buffer)
+            if isinstance(request, Response):
+                response, head_only, keep_alive = request, False, False
+            else:
+                response = _respond(request, render)
+                head_only, keep_alive = request.method == "HEAD", request.keep_alive
             await stream.send_all(
-                encode_response(
-                    response, head_only=request.method == "HEAD", keep_alive=request.keep_alive
-                )
+                encode_response(response, head_only=head_only, keep_alive=keep_alive)
             )
-        if not request.keep_alive:
+        if not keep_alive:
+            await _close_gracefully(stream)
             return
+
+
+async def _read_request(stream: trio.SocketStream, buffer: bytearray) -> RequestHead | Response:
+    """The next request on the connection, or the error response to a bad one."""
+    try:
+        return parse_request_head(await _read_head(stream, buffer))
+    except MalformedRequest as exc:
+        log.debug("bad metrics request", error=str(exc))
+        return plain_response(HTTPStatus.BAD_REQUEST, str(exc))
+    except _HeadTooLarge:
+        log.debug("bad metrics request", error="request head too large")
+        return plain_response(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
+
+
+async def _close_gracefully(stream: trio.SocketStream) -> None:
+    """Half-close, then discard what the client still sends until it closes its side.
+
+    Closing a socket with unread input makes the kernel reset the connection, which can
+    destroy the response before the client has read it (RFC 9112 §9.6, "lingering close").
+    """
+    await stream.send_eof()
+    with trio.move_on_after(LINGER_DEADLINE_S):
+        while await stream.receive_some(65536):
+            pass
 
 
 async def _receive_into(stream: trio.SocketStream, buffer: bytearray) -> bool:
