@@ -50,14 +50,17 @@ def publish_batch(
     `fsync=False` it skips the fsyncs, for tests and benchmarks). Creates `batches_dir`
     when missing. Blocking.
 
-    Raises `BatchExists` when the step was shipped already (nothing is changed then),
+    An empty directory at the final name (not a shipped batch) is replaced.
+
+    Raises `BatchExists` when the step was shipped already, or something else occupies
+    its name (nothing is changed then),
     ValueError for a step < 1 or a non-finite number in a sample, OSError when writing
     fails (the temp directory is removed).
     """
     data = encode_batch(step, samples, created_at=time.time())
     final_dir = batch_step_dir(batches_dir, step)
     batches_dir.mkdir(parents=True, exist_ok=True)
-    if final_dir.exists():
+    if is_complete_batch(final_dir):
         raise BatchExists(errno.EEXIST, "batch already shipped", str(final_dir))
     temp_dir = batches_dir / f"{PARTIAL_BATCH_PREFIX}{final_dir.name}-{secrets.token_hex(4)}"
     temp_dir.mkdir()

@@ -81,9 +81,11 @@ class Violation:
 class TrainerStats:
     """What the trainer did: steps trained, samples and payload bytes read, violations.
 
-    The counts cover steps `first_step .. last_step`: `last_step` is the last version
-    published (`first_step - 1` before the first). A restarted trainer carries on the
-    previous report's counts when it can read them, else it counts from where it resumed.
+    `payload_bytes` counts the payload arrays the trainer got, read from files (by
+    handle) or decoded (inline). The counts cover steps `first_step .. last_step`:
+    `last_step` is the last version published (`first_step - 1` before the first). A
+    restarted trainer carries on the previous report's counts when it can read them,
+    else it counts from where it resumed.
     """
 
     first_step: int

@@ -163,3 +163,17 @@ async def test_publish_batch_async_runs_in_a_thread(tmp_path: Path) -> None:
     assert json.loads((batch_dir / BATCH_FILE).read_text())["step"] == 2
     with pytest.raises(BatchExists):
         await publish_batch_async(tmp_path, 2, [sample()])
+
+
+def test_an_empty_dir_at_the_final_name_is_not_a_shipped_batch(tmp_path: Path) -> None:
+    (tmp_path / "step_000008").mkdir()
+    assert shipped_steps(tmp_path) == []
+    publish_batch(tmp_path, 8, [sample()], fsync=False)
+    assert shipped_steps(tmp_path) == [8]
+    # Junk that is not a batch still blocks the name: nothing is overwritten.
+    (tmp_path / "step_000009").mkdir()
+    (tmp_path / "step_000009" / "notes.txt").write_text("keep")
+    with pytest.raises(BatchExists):
+        publish_batch(tmp_path, 9, [sample()], fsync=False)
+    assert names(tmp_path / "step_000009") == ["notes.txt"]
+    assert names(tmp_path) == ["step_000008", "step_000009"]
