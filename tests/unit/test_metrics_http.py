@@ -5,6 +5,8 @@ from __future__ import annotations
 from http import HTTPStatus
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator._metrics_http_protocol import (
     HEAD_END,
@@ -180,3 +182,27 @@ def test_collection_times_keep_a_histogram_and_the_latest() -> None:
     assert cumulative[0.05] == 1
     assert cumulative[10.0] == 1
     assert cumulative[30.0] == 2
+
+
+@settings(max_examples=200)
+@given(
+    head=st.one_of(
+        st.binary(max_size=120),
+        st.lists(
+            st.sampled_from(
+                [b"GET", b"HEAD", b" ", b"/metrics", b"http://[", b"HTTP/1.1", b"\r\n", b"\n",
+                 b"Host: h", b":", b"\r", b"\x00", b"\xff", b"Connection: close"]
+            ),
+            max_size=12,
+        ).map(b"".join),
+    )
+)  # fmt: skip
+def test_any_bytes_parse_or_raise_malformed_request(head: bytes) -> None:
+    try:
+        request = parse_request_head(head)
+    except MalformedRequest as exc:
+        assert str(exc)
+        return
+    # What parses can be routed and answered without raising either.
+    route(request)
+    assert isinstance(request.keep_alive, bool)

@@ -7,6 +7,8 @@ from functools import partial
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator.metrics import LOOP_LAG_BUCKETS, LoopStats, serve_loop_lag_monitor
 
@@ -94,3 +96,25 @@ async def test_time_passing_without_the_loop_running_shows_as_lag(
 async def test_the_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="interval_s must be > 0"):
         await serve_loop_lag_monitor(LoopStats(), interval_s=0.0)
+
+
+@settings(max_examples=100)
+@given(
+    window=st.sampled_from([0.5, 1.0, 5.0]),
+    steps=st.lists(
+        st.tuples(st.sampled_from([0.0, 0.1, 0.25, 1.0, 3.0]), st.floats(0.0, 2.0)),
+        min_size=1,
+        max_size=40,
+    ),
+)
+def test_the_worst_lag_equals_a_brute_force_maximum(
+    window: float, steps: list[tuple[float, float]]
+) -> None:
+    stats = LoopStats(window_s=window)
+    seen: list[tuple[float, float]] = []
+    now = 0.0
+    for advance, lag in steps:
+        now += advance
+        stats.record(now, lag)
+        seen.append((now, lag))
+        assert stats.worst_lag_s == max(lag for at, lag in seen if at >= now - window)
