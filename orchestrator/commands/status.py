@@ -317,7 +317,8 @@ def _progress_facts(progress: Progress, now: float) -> list[tuple[str, str]]:
     from orchestrator._run_inspect import format_as_of, format_version
 
     as_of = format_as_of(progress.updated_at, now)
-    discards = ", ".join(f"{reason} {n}" for reason, n in sorted(progress.discards.items()))
+    # The daemon saves every reason, most of them 0 for most of a run: show the others.
+    discards = ", ".join(f"{reason} {n}" for reason, n in sorted(progress.discards.items()) if n)
     return [
         ("applied", format_version(progress.applied_version)),
         ("last collection", f"bound {format_version(progress.bound)}"),

@@ -77,7 +77,7 @@ def _build_run(run_dir: Path, *, applied: int = APPLIED, progress: bool = True) 
                 bound=applied - 1 - M,
                 inflight_rollouts=3,
                 queued_samples=5,
-                discards={"stale": 2, "no_signal": 1},
+                discards={"stale": 2, "no_signal": 1, "pruned": 0},
                 updated_at=time.time() - 30,
                 pid=4242,
             ),
@@ -238,7 +238,7 @@ def test_status_json_follows_applied_version_and_m(
     progress = doc["progress"]
     assert progress["applied_version"] == 6
     assert (progress["inflight_rollouts"], progress["queued_samples"]) == (3, 5)
-    assert progress["discards"] == {"stale": 2, "no_signal": 1}
+    assert progress["discards"] == {"stale": 2, "no_signal": 1, "pruned": 0}
     assert progress["pid"] == 4242
     assert 29 <= progress["age_s"] < 120
     # After v7: bound min_fresh_version(8, 3) = 4.
