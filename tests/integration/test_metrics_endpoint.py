@@ -4,7 +4,6 @@ misbehaving clients."""
 from __future__ import annotations
 
 import re
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -106,8 +105,8 @@ async def test_the_server_reports_its_bound_loopback_port() -> None:
     async with metrics_server(lambda: "") as (host, port):
         assert host == "127.0.0.1"
         assert port > 0
-        with socket.create_connection((host, port), timeout=5):
-            pass  # something really listens there
+        stream = await trio.open_tcp_stream(host, port)  # something really listens there
+        await stream.aclose()
 
 
 async def test_other_paths_get_404_and_other_methods_405() -> None:

@@ -18,7 +18,6 @@ from orchestrator._metrics_http_protocol import (
 )
 from orchestrator.metrics import (
     BadListenAddress,
-    CollectionTimes,
     parse_listen_address,
 )
 
@@ -167,21 +166,6 @@ def test_listen_addresses(listen: str, address: tuple[str, int]) -> None:
 def test_bad_listen_addresses_are_refused_with_the_value(listen: str) -> None:
     with pytest.raises(BadListenAddress, match=f"{listen!r} is not"):
         parse_listen_address(listen)
-
-
-def test_collection_times_keep_a_histogram_and_the_latest() -> None:
-    times = CollectionTimes()
-    assert times.last_s is None
-    times.observe_collection(0.04)
-    times.observe_collection(12.0)
-    assert times.last_s == 12.0
-    snapshot = times.durations_snapshot()
-    assert snapshot.count == 2
-    assert snapshot.sum == 12.04
-    cumulative = dict(zip(snapshot.bounds, snapshot.cumulative_counts, strict=True))
-    assert cumulative[0.05] == 1
-    assert cumulative[10.0] == 1
-    assert cumulative[30.0] == 2
 
 
 @settings(max_examples=200)
