@@ -28,6 +28,7 @@ from payload_gc import (
     PayloadGCError,
     RootEntry,
     RootMissing,
+    RootRefused,
     min_fresh_version,
     plan_collection,
 )
@@ -264,9 +265,14 @@ def list_payload_root(root: Path, bound: int) -> CollectionPlan:
     is entered or measured (every usage is None), so it is cheap however many files the
     root holds. For the marker and foreign-entry checks before a real collection.
 
-    Raises RootMissing when `root` does not exist, PayloadGCError when it is not a
-    directory or cannot be listed.
+    Raises RootMissing when `root` does not exist, RootRefused when it is a symbolic
+    link (as the collector would), PayloadGCError when it is not a directory or cannot be
+    listed.
     """
+    if root.is_symlink():
+        raise RootRefused(
+            f"payload root {root} is a symbolic link; refusing (pass the real directory)"
+        )
     try:
         dirents = list(os.scandir(root))
     except FileNotFoundError:

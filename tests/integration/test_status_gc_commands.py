@@ -499,3 +499,19 @@ def test_status_reports_an_unsafe_root_and_lagging_progress(
     assert doc["progress"]["step"] == 11
     assert "is a symbolic link" in doc["payload_root"]["problem"]
     assert doc["payload_root"]["entries"] == []
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_gc_refuses_a_symlinked_payload_root(
+    config_file: Path, run_dir: Path, capsys: pytest.CaptureFixture[str], dry_run: bool
+) -> None:
+    root = _build_run(run_dir)
+    real_root = root.rename(run_dir / "real-payloads")
+    root.symlink_to(real_root, target_is_directory=True)
+    before = _snapshot(real_root)
+    err = _refused(capsys, "gc", "--config", str(config_file), *(["--dry-run"] if dry_run else []))
+    assert err == (
+        f"orchestrator gc: error: payload root {root} is a symbolic link; "
+        "refusing (pass the real directory)\n"
+    )
+    assert _snapshot(real_root) == before

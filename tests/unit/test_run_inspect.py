@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from payload_gc import EntryKind, PayloadGCError, RootMissing
+from payload_gc import EntryKind, PayloadGCError, RootMissing, RootRefused
 
 from orchestrator._run_inspect import (
     RunMissing,
@@ -250,3 +250,7 @@ def test_list_payload_root_refusals(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(PayloadGCError, match="is not a directory"):
         list_payload_root(tmp_path / "file", 3)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    with pytest.raises(RootRefused, match="is a symbolic link"):
+        list_payload_root(tmp_path / "link", 3)
