@@ -211,3 +211,20 @@ def test_train_sample_is_frozen() -> None:
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         sample.reward = 2.0  # type: ignore[misc]
     assert attrs.evolve(sample, reward=2.0).reward == 2.0
+
+
+def test_numpy_values_are_normalised_so_the_batch_serialises() -> None:
+    import numpy as np
+
+    sample = make_sample(
+        token_ids=np.arange(5, 9),
+        loss_mask=np.array([False, False, True, True]),
+        logprobs=np.array([0.0, 0.0, -0.25, -1.5], dtype=np.float32),
+    )
+    assert sample == make_sample()
+    assert all(type(x) is int for x in sample.token_ids + sample.loss_mask)
+    assert all(type(x) is float for x in sample.logprobs)
+    data = encode_batch(1, [sample], created_at=0.0)
+    assert decode_batch(data, source="b.json").samples == (make_sample(),)
+    with pytest.raises(TypeError, match="cannot be interpreted as an integer"):
+        make_sample(token_ids=(5.0, 6, 7, 8))
