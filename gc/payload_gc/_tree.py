@@ -163,7 +163,7 @@ def remove_tree(parent_fd: int, name: str, path: str, root_dev: int, tally: Tall
     """
     top = _open_subdir(parent_fd, name, path, root_dev, tally)
     if top is None:
-        return _unlink(parent_fd, name, path, root_dev, tally, None)
+        return _unlink(parent_fd, name, path, root_dev, tally)
     if top < 0:
         return top == _GONE
     frames = [_Frame(top, path, name, _list_or_fail(top, path, tally))]
@@ -171,7 +171,7 @@ def remove_tree(parent_fd: int, name: str, path: str, root_dev: int, tally: Tall
         while frames:
             frame = frames[-1]
             if frame.pending:
-                _visit(frame, frame.pending.pop(), frames, root_dev, tally)
+                _drain(frame, frames, root_dev, tally)
                 continue
             if not frame.failed and frame.rescans < RESCANS:
                 # Empty for now: look again once, in case a writer added entries meanwhile.
@@ -228,56 +228,73 @@ def _list_or_fail(fd: int, path: str, tally: Tally) -> list[os.DirEntry[str]]:
         return []
 
 
-def _visit(
-    frame: _Frame,
-    entry: os.DirEntry[str],
-    frames: list[_Frame],
-    root_dev: int,
-    tally: Tally,
-) -> None:
-    path = f"{frame.path}/{entry.name}"
+def _drain(frame: _Frame, frames: list[_Frame], root_dev: int, tally: Tally) -> None:
+    """Unlink the frame's pending non-directories until it meets a subdirectory, which
+    is pushed as a new frame (or the pending list runs out).
+
+    This is the hot loop (one pass per file), so it unlinks inline and builds no path
+    strings unless something goes wrong.
+    """
+    fd, pending = frame.fd, frame.pending
+    files = size = 0
     try:
-        is_dir = entry.is_dir(follow_symlinks=False)
-    except OSError:
-        is_dir = False
-    if is_dir:
-        child = _open_subdir(frame.fd, entry.name, path, root_dev, tally)
-        if child is None:
-            ok = _unlink(frame.fd, entry.name, path, root_dev, tally, None)
-        elif child >= 0:
-            frames.append(_Frame(child, path, entry.name, _list_or_fail(child, path, tally)))
-            return
-        else:
-            ok = child == _GONE
-    else:
-        ok = _unlink(frame.fd, entry.name, path, root_dev, tally, entry)
-    if not ok:
-        frame.failed = True
+        while pending:
+            entry = pending.pop()
+            name = entry.name
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                path = f"{frame.path}/{name}"
+                child = _open_subdir(fd, name, path, root_dev, tally)
+                if child is None:
+                    ok = _unlink(fd, name, path, root_dev, tally)
+                elif child >= 0:
+                    frames.append(_Frame(child, path, name, _list_or_fail(child, path, tally)))
+                    return
+                else:
+                    ok = child == _GONE
+                if not ok:
+                    frame.failed = True
+                continue
+            try:
+                # Only regular files have a size worth counting; links count as files.
+                nbytes = (
+                    os.stat(name, dir_fd=fd, follow_symlinks=False).st_size
+                    if entry.is_file(follow_symlinks=False)
+                    else 0
+                )
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                continue  # removed by someone else: fine
+            except OSError:
+                # Rare cases (replaced by a directory, permission denied) take the slow path.
+                if not _unlink(fd, name, f"{frame.path}/{name}", root_dev, tally):
+                    frame.failed = True
+                continue
+            files += 1
+            size += nbytes
+    finally:
+        tally.files += files
+        tally.bytes += size
 
 
-def _unlink(
-    dir_fd: int,
-    name: str,
-    path: str,
-    root_dev: int,
-    tally: Tally,
-    entry: os.DirEntry[str] | None,
-) -> bool:
+def _unlink(dir_fd: int, name: str, path: str, root_dev: int, tally: Tally) -> bool:
     """Unlink a non-directory, counting it (and its size if it is a regular file)."""
     size = 0
     try:
-        if entry is None:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            if stat.S_ISREG(st.st_mode):
-                size = st.st_size
-        elif entry.is_file(follow_symlinks=False):
-            size = entry.stat(follow_symlinks=False).st_size
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            # Replaced by a directory since it was listed; delete that instead (rare, so
+            # the recursion stays shallow).
+            return remove_tree(dir_fd, name, path, root_dev, tally)
+        if stat.S_ISREG(st.st_mode):
+            size = st.st_size
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         return True
     except IsADirectoryError:
-        # Replaced by a directory since it was listed; delete that instead (rare, so
-        # the recursion stays shallow).
         return remove_tree(dir_fd, name, path, root_dev, tally)
     except OSError as exc:
         tally.problem(f"{path}: {exc.strerror}")

@@ -1,0 +1,200 @@
+"""Benchmark: payload_gc's async collector (inside trio) against `rm -rf`.
+
+Builds two identical payload trees (default 20 versions x 10,000 files of 4 KiB), both
+before timing anything, then deletes them in two halves so that each tool runs twice and
+each runs first once:
+
+    half 1: payload_gc collects tree A below v{n/2}, then `rm -rf` removes B's v0..
+    half 2: `rm -rf` removes B's remaining versions, then payload_gc collects the rest of A
+
+While payload_gc runs, a task in the same trio loop sleeps 1 ms at a time and records how
+late it wakes up: the event loop's worst lag. Writes its section of docs/benchmarks.md.
+
+    uv run --frozen python bench/gc_vs_rm.py [--versions N] [--files N] [--size B]
+                                             [--workers N] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+import trio.lowlevel
+from _report import git_revision, machine, write_section
+from payload_gc import collect_below
+
+PROBE_INTERVAL_S = 0.001
+TARGET_RATIO = 1.0
+TARGET_LAG_MS = 20.0
+
+
+def build_version(directory: Path, files: int, payload: bytes) -> None:
+    directory.mkdir()
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(files):
+            fd = os.open(f"{i:06d}.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
+            try:
+                os.write(fd, payload)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(dir_fd)
+
+
+def build_trees(base: Path, versions: int, files: int, size: int) -> tuple[Path, Path]:
+    """Two identical trees, built version by version side by side (similar placement)."""
+    tree_gc, tree_rm = base / "gc", base / "rm"
+    tree_gc.mkdir()
+    tree_rm.mkdir()
+    payload = os.urandom(size)
+    started = time.monotonic()
+    for version in range(versions):
+        for tree in (tree_gc, tree_rm):
+            build_version(tree / f"v{version}", files, payload)
+        print(
+            f"  built v{version} twice ({2 * (version + 1) * files} files, "
+            f"{time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
+    return tree_gc, tree_rm
+
+
+async def _gc_with_probe(root: Path, bound: int, workers: int) -> tuple[float, int, list[float]]:
+    lags: list[float] = []
+    stop = trio.Event()
+
+    async def probe() -> None:
+        while not stop.is_set():
+            before = trio.current_time()
+            await trio.sleep(PROBE_INTERVAL_S)
+            lags.append(trio.current_time() - before - PROBE_INTERVAL_S)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(probe)
+        # Let the probe take its first sample before the collection starts.
+        await trio.lowlevel.checkpoint()
+        started = time.perf_counter()
+        report = await collect_below(root, bound, max_workers=workers)
+        elapsed = time.perf_counter() - started
+        stop.set()
+    if report.errors:
+        raise SystemExit(f"gc_vs_rm: the collection was partial: {report.errors}")
+    return elapsed, report.files, lags
+
+
+def run_gc(root: Path, bound: int, workers: int) -> tuple[float, int, list[float]]:
+    return trio.run(_gc_with_probe, root, bound, workers)
+
+
+def run_rm(paths: list[Path]) -> float:
+    started = time.perf_counter()
+    subprocess.run(["rm", "-rf", "--", *map(str, paths)], check=True)
+    return time.perf_counter() - started
+
+
+def filesystem_of(path: Path) -> str:
+    try:
+        out = subprocess.run(
+            ["df", "--output=fstype,source", str(path)], capture_output=True, text=True, check=True
+        ).stdout.split("\n")[1]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return "unknown"
+    fstype, source = out.split()
+    return f"{fstype} ({source})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--versions", type=int, default=20)
+    parser.add_argument("--files", type=int, default=10_000, help="files per version")
+    parser.add_argument("--size", type=int, default=4096, help="bytes per file")
+    parser.add_argument("--workers", type=int, default=4, help="payload_gc deletion threads")
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    args = parser.parse_args()
+    if args.versions < 2 or args.files < 1:
+        parser.error("need --versions >= 2 and --files >= 1")
+    half = args.versions // 2
+    command = "uv run --frozen python bench/gc_vs_rm.py " + " ".join(
+        shlex.quote(a) for a in sys.argv[1:]
+    )
+
+    base = Path(tempfile.mkdtemp(prefix="gc_vs_rm-", dir=args.dir))
+    try:
+        print(f"gc_vs_rm: building 2 x {args.versions} x {args.files} files in {base}")
+        tree_gc, tree_rm = build_trees(base, args.versions, args.files, args.size)
+        fs = filesystem_of(base)
+
+        print("gc_vs_rm: half 1: payload_gc first, then rm -rf", flush=True)
+        gc1_s, gc1_files, lags1 = run_gc(tree_gc, half, args.workers)
+        rm1_s = run_rm([tree_rm / f"v{v}" for v in range(half)])
+        print("gc_vs_rm: half 2: rm -rf first, then payload_gc", flush=True)
+        rm2_s = run_rm([tree_rm / f"v{v}" for v in range(half, args.versions)])
+        gc2_s, gc2_files, lags2 = run_gc(tree_gc, args.versions, args.workers)
+        leftovers = sorted(p.name for p in tree_gc.iterdir()) + sorted(
+            p.name for p in tree_rm.iterdir()
+        )
+        if leftovers != [".payload-gc"]:
+            raise SystemExit(f"gc_vs_rm: trees not empty afterwards: {leftovers}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    rm1_files = half * args.files
+    rm2_files = (args.versions - half) * args.files
+    if (gc1_files, gc2_files) != (rm1_files, rm2_files):
+        raise SystemExit(f"gc_vs_rm: payload_gc deleted {gc1_files}+{gc2_files} files")
+    gc_rate = (gc1_files + gc2_files) / (gc1_s + gc2_s)
+    rm_rate = (rm1_files + rm2_files) / (rm1_s + rm2_s)
+    ratio = gc_rate / rm_rate
+    lags_ms = sorted(lag * 1000 for lag in lags1 + lags2)
+    worst_ms = lags_ms[-1] if lags_ms else 0.0
+    p99_ms = lags_ms[int(0.99 * (len(lags_ms) - 1))] if lags_ms else 0.0
+    median_ms = statistics.median(lags_ms) if lags_ms else 0.0
+
+    def row(label: str, order: str, files: int, seconds: float) -> str:
+        return f"| {label} | {order} | {files:,} | {seconds:.3f} | {files / seconds:,.0f} |"
+
+    verdict_ratio = "meets" if ratio >= TARGET_RATIO else "misses"
+    verdict_lag = "meets" if worst_ms <= TARGET_LAG_MS else "misses"
+    markdown = "\n".join(
+        [
+            "## payload_gc vs `rm -rf` (`bench/gc_vs_rm.py`)",
+            "",
+            f"Two identical trees of {args.versions} versions x {args.files:,} files of "
+            f"{args.size:,} bytes, both built before either is timed, on {fs}. Each tool "
+            "deletes half the versions twice, running first once. payload_gc runs its async "
+            f"API inside trio with {args.workers} worker threads; the loop lag is how late a "
+            "task sleeping 1 ms at a time woke up while it ran.",
+            "",
+            "| tool | ran | files | seconds | files/s |",
+            "|---|---|---:|---:|---:|",
+            row("payload_gc", "first", gc1_files, gc1_s),
+            row("rm -rf", "second", rm1_files, rm1_s),
+            row("rm -rf", "first", rm2_files, rm2_s),
+            row("payload_gc", "second", gc2_files, gc2_s),
+            "",
+            f"- payload_gc: **{gc_rate:,.0f} files/s**; rm -rf: **{rm_rate:,.0f} files/s**; "
+            f"ratio **{ratio:.2f}** (target >= {TARGET_RATIO:.1f}: {verdict_ratio})",
+            f"- event-loop lag while collecting: worst **{worst_ms:.1f} ms**, p99 "
+            f"{p99_ms:.2f} ms, median {median_ms:.2f} ms over {len(lags_ms):,} samples "
+            f"(target worst <= {TARGET_LAG_MS:.0f} ms: {verdict_lag})",
+            f"- machine: {machine()}",
+            f"- revision {git_revision()}; command: `{command}`",
+        ]
+    )
+    print(markdown)
+    write_section("gc_vs_rm", markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
