@@ -73,10 +73,9 @@ class PayloadRow:
 class PayloadSurvey:
     """The payload root measured, and what the next collection would remove from it.
 
-    `problem` is set (and `rows` empty) when the root is missing or cannot be read: a
-    sentence naming the root;
-    `next_bound` is None when no applied version is known; `marked` is None when the
-    root could not be read.
+    `problem` (a sentence naming the root) is set, and `rows` empty, when the root is
+    missing or cannot be read; `marked` is None then. `next_bound` is None when no
+    applied version is known.
     """
 
     root: str
@@ -90,18 +89,19 @@ class PayloadSurvey:
     def version_rows(self) -> tuple[PayloadRow, ...]:
         return tuple(r for r in self.rows if r.version is not None)
 
-    def totals(self, rows: Iterable[PayloadRow]) -> dict[str, int]:
-        """Entries, files and bytes of `rows` (unmeasured entries count as 0 files)."""
-        listed = list(rows)
-        return {
-            "dirs": len(listed),
-            "files": sum(r.files or 0 for r in listed),
-            "bytes": sum(r.bytes or 0 for r in listed),
-        }
-
     @property
     def removed_next(self) -> tuple[PayloadRow, ...]:
         return tuple(r for r in self.rows if r.removed_next)
+
+
+def totals(rows: Iterable[PayloadRow]) -> dict[str, int]:
+    """Entries, files and bytes of `rows` (unmeasured entries count as nothing)."""
+    listed = list(rows)
+    return {
+        "dirs": len(listed),
+        "files": sum(r.files or 0 for r in listed),
+        "bytes": sum(r.bytes or 0 for r in listed),
+    }
 
 
 def survey_payload_root(snapshot: RunSnapshot) -> PayloadSurvey:
@@ -263,8 +263,8 @@ def _payload_json(payload: PayloadSurvey) -> dict[str, Any]:
             }
             for r in payload.rows
         ],
-        "totals": payload.totals(payload.version_rows),
-        "next_collection_removes": None if removed is None else payload.totals(removed),
+        "totals": totals(payload.version_rows),
+        "next_collection_removes": None if removed is None else totals(removed),
     }
 
 
@@ -366,13 +366,13 @@ def _payload_lines(payload: PayloadSurvey) -> list[str]:
         ),
         numeric={1, 2},
     )
-    total = payload.totals(payload.version_rows)
+    total = totals(payload.version_rows)
     summary = (
         f"total: {total['dirs']} version directories, {total['files']} files, "
         f"{human_bytes(total['bytes'])}"
     )
     if payload.next_bound is not None:
-        removed = payload.totals(payload.removed_next)
+        removed = totals(payload.removed_next)
         summary += (
             f"; the next collection removes {removed['dirs']} directories, "
             f"{removed['files']} files, {human_bytes(removed['bytes'])}"
