@@ -69,12 +69,17 @@ class _Malformed(Exception):
 
 
 def _int_tuple(value: Iterable[int]) -> tuple[int, ...]:
-    # operator.index: plain ints out of bools and numpy integers (which json.dumps cannot
-    # write), and a TypeError for floats rather than a silent truncation.
+    # Plain ints only: json.dumps cannot write numpy scalars. tolist() turns an array into
+    # Python numbers; operator.index turns bools into ints and refuses floats rather than
+    # truncating them.
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
     return tuple(map(operator.index, value))
 
 
 def _float_tuple(value: Iterable[float]) -> tuple[float, ...]:
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
     return tuple(map(float, value))
 
 
