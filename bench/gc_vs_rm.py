@@ -133,12 +133,18 @@ def main() -> int:
         print(f"gc_vs_rm: building 2 x {args.versions} x {args.files} files in {base}")
         tree_gc, tree_rm = build_trees(base, args.versions, args.files, args.size)
         fs = filesystem_of(base)
+        # Write the trees' data out now, so neither tool's timing pays for the build's
+        # writeback; likewise after every timed step (the sync itself is not timed).
+        os.sync()
 
         print("gc_vs_rm: half 1: payload_gc first, then rm -rf", flush=True)
         gc1_s, gc1_files, lags1 = run_gc(tree_gc, half, args.workers)
+        os.sync()
         rm1_s = run_rm([tree_rm / f"v{v}" for v in range(half)])
+        os.sync()
         print("gc_vs_rm: half 2: rm -rf first, then payload_gc", flush=True)
         rm2_s = run_rm([tree_rm / f"v{v}" for v in range(half, args.versions)])
+        os.sync()
         gc2_s, gc2_files, lags2 = run_gc(tree_gc, args.versions, args.workers)
         leftovers = sorted(p.name for p in tree_gc.iterdir()) + sorted(
             p.name for p in tree_rm.iterdir()
@@ -170,8 +176,9 @@ def main() -> int:
             "## payload_gc vs `rm -rf` (`bench/gc_vs_rm.py`)",
             "",
             f"Two identical trees of {args.versions} versions x {args.files:,} files of "
-            f"{args.size:,} bytes, both built before either is timed, on {fs}. Each tool "
-            "deletes half the versions twice, running first once. payload_gc runs its async "
+            f"{args.size:,} bytes, both built (and synced to disk) before either is timed, "
+            f"on {fs}. Each tool deletes half the versions twice, running first once (with a "
+            "`sync` after each step, not timed). payload_gc runs its async "
             f"API inside trio with {args.workers} worker threads; the loop lag is how late a "
             "task sleeping 1 ms at a time woke up while it ran.",
             "",
