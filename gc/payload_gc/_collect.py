@@ -151,7 +151,13 @@ class _Session:
         if not stat.S_ISDIR(mode):
             # Replaced by a file since the plan: files named like versions stay.
             return _Removal(deletion, gone=False, tally=tally, kept=KeepReason.NOT_A_DIRECTORY)
-        gone = remove_tree(self.root_fd, deletion.name, deletion.name, self.root_dev, tally)
+        try:
+            gone = remove_tree(self.root_fd, deletion.name, deletion.name, self.root_dev, tally)
+        except OSError as exc:
+            # remove_tree records the problems it expects; anything else (e.g. running
+            # out of file descriptors) still only fails this one directory.
+            tally.problem(f"{deletion.name}: {exc.strerror or exc}")
+            gone = False
         return _Removal(deletion, gone=gone, tally=tally)
 
     def finish(

@@ -11,6 +11,7 @@ root while holding other things); those print one line on stderr.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -98,7 +99,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.init:
         init_root(root)
         if bound is None:
-            print(f"marked {root} as a payload root ({MARKER_NAME})")
+            if args.json:
+                print(json.dumps({"root": root, "marked": True}))
+            else:
+                print(f"marked {root} as a payload root ({MARKER_NAME})")
             return 0
     assert bound is not None  # bound_from_args returns None only with --init
     plan = plan_root(root, bound)

@@ -122,6 +122,8 @@ def test_init_alone_marks_and_exits(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 0
     assert out == f"marked {root} as a payload root (.payload-root)\n"
     assert sorted(p.name for p in root.iterdir()) == [".payload-root"]
+    code, out, _ = _run(capsys, "--root", str(root), "--init", "--json")
+    assert (code, json.loads(out)) == (0, {"root": str(root), "marked": True})
 
 
 def test_only_version_dirs_or_empty_needs_no_marker(

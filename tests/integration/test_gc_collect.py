@@ -224,3 +224,22 @@ async def test_async_cancelled_midway_finishes_the_running_directory_and_audits(
     assert audit["dirs"] == 1
     assert audit["files"] == 3
     assert not (tmp_path / ".payload-gc" / "lock").exists()
+
+
+def test_an_unexpected_os_error_fails_only_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for version in range(3):
+        _make_version(tmp_path, version)
+    real_remove_tree = _collect.remove_tree
+
+    def remove_tree(parent_fd: int, name: str, path: str, root_dev: int, tally: object) -> bool:
+        if name == "v1":
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_remove_tree(parent_fd, name, path, root_dev, tally)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_collect, "remove_tree", remove_tree)
+    report = collect_below_sync(tmp_path, 3)
+    assert [d.name for d in report.deleted] == ["v0", "v2"]
+    assert [(e.name, e.message) for e in report.errors] == [("v1", "v1: Too many open files")]
+    assert report.outcome == "partial"
