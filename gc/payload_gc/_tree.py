@@ -166,7 +166,7 @@ def remove_tree(parent_fd: int, name: str, path: str, root_dev: int, tally: Tall
         return _unlink(parent_fd, name, path, root_dev, tally)
     if top < 0:
         return top == _GONE
-    frames = [_Frame(top, path, name, _list_or_fail(top, path, tally))]
+    frames = [_new_frame(top, path, name, tally)]
     try:
         while frames:
             frame = frames[-1]
@@ -176,7 +176,7 @@ def remove_tree(parent_fd: int, name: str, path: str, root_dev: int, tally: Tall
             if not frame.failed and frame.rescans < RESCANS:
                 # Empty for now: look again once, in case a writer added entries meanwhile.
                 frame.rescans += 1
-                frame.pending = _list_or_fail(frame.fd, frame.path, tally)
+                _relist(frame, tally)
                 if frame.pending:
                     continue
             frames.pop()
@@ -218,14 +218,20 @@ def _open_subdir(parent_fd: int, name: str, path: str, root_dev: int, tally: Tal
     return fd
 
 
-def _list_or_fail(fd: int, path: str, tally: Tally) -> list[os.DirEntry[str]]:
+def _new_frame(fd: int, path: str, name: str, tally: Tally) -> _Frame:
+    """A frame for the open directory `fd`, listed; a listing that fails is recorded and
+    marks the frame failed (its directory cannot be emptied, so it stays)."""
+    frame = _Frame(fd, path, name, [])
+    _relist(frame, tally)
+    return frame
+
+
+def _relist(frame: _Frame, tally: Tally) -> None:
     try:
-        return list_dir(fd)
+        frame.pending = list_dir(frame.fd)
     except OSError as exc:
-        tally.problem(f"{path}: {exc.strerror}")
-        # Nothing listed means nothing deleted below; the rmdir then reports ENOTEMPTY
-        # unless the directory really is empty.
-        return []
+        tally.problem(f"{frame.path}: {exc.strerror}")
+        frame.failed = True
 
 
 def _drain(frame: _Frame, frames: list[_Frame], root_dev: int, tally: Tally) -> None:
@@ -251,7 +257,7 @@ def _drain(frame: _Frame, frames: list[_Frame], root_dev: int, tally: Tally) -> 
                 if child is None:
                     ok = _unlink(fd, name, path, root_dev, tally)
                 elif child >= 0:
-                    frames.append(_Frame(child, path, name, _list_or_fail(child, path, tally)))
+                    frames.append(_new_frame(child, path, name, tally))
                     return
                 else:
                     ok = child == _GONE

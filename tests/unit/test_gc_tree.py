@@ -82,3 +82,29 @@ def test_deep_tree_needs_no_recursion(tmp_path: Path, root_fd: int) -> None:
     assert remove_tree(root_fd, "v1", "v1", os.fstat(root_fd).st_dev, tally)
     assert tally.files == 1
     assert not (tmp_path / "v1").exists()
+
+
+def test_an_unreadable_subdirectory_is_reported_once_and_the_rest_deleted(
+    tmp_path: Path, root_fd: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "v1" / "locked").mkdir(parents=True)
+    (tmp_path / "v1" / "locked" / "x").write_bytes(b"x")
+    (tmp_path / "v1" / "free").write_bytes(b"y")
+    import payload_gc._tree as tree
+
+    real_list_dir = tree.list_dir
+    locked_ino = (tmp_path / "v1" / "locked").stat().st_ino
+
+    def list_dir(fd: int) -> list[os.DirEntry[str]]:
+        # Root bypasses permissions, so a listing refused by EACCES is injected.
+        if os.fstat(fd).st_ino == locked_ino:
+            raise PermissionError(13, "Permission denied")
+        return real_list_dir(fd)
+
+    monkeypatch.setattr(tree, "list_dir", list_dir)
+    tally = Tally()
+    assert not remove_tree(root_fd, "v1", "v1", os.fstat(root_fd).st_dev, tally)
+    assert tally.problems == ["v1/locked: Permission denied"]
+    assert sorted(p.name for p in (tmp_path / "v1").iterdir()) == ["locked"]
+    assert (tmp_path / "v1" / "locked" / "x").exists()
+    assert tally.files == 1
