@@ -19,6 +19,7 @@ import attrs
 import httpx
 import structlog
 import trio
+import trio.lowlevel
 
 from orchestrator.environments import Environment, Prompt
 from orchestrator.inference_client import (
@@ -32,7 +33,7 @@ from orchestrator.inference_client import (
 from orchestrator.payload import FinalTokenRoute, version_dir
 from orchestrator.rollouts import GroupResult, RolloutResult
 from orchestrator.run_state import InflightGroup, RunState
-from orchestrator.samples import build_sample
+from orchestrator.samples import build_sample, prompt_routing_donors
 
 log = structlog.get_logger("orchestrator.dispatch")
 
@@ -55,6 +56,18 @@ class DispatchSettings:
     fields: tuple[str, ...]
     final_token_route: FinalTokenRoute
     seed: int
+
+
+@attrs.define
+class RolloutRun:
+    """A rollout while it runs: its turns so far, or why it failed."""
+
+    rollout_id: str
+    version: int
+    payload_dir: Path | None
+    tokens: list[int]
+    turns: list[tuple[int, TurnOutput]] = attrs.field(factory=list)
+    failed: str | None = None
 
 
 @attrs.define
@@ -83,7 +96,11 @@ class Dispatcher:
                 server = min(self.settings.urls, key=lambda url: self._server_load[url])
                 self._groups_started += 1
                 group_id = f"g{self._groups_started:07d}-{prompt.prompt_id}"
+                # Counted here, not in the task, so the gate sees it before the next pass.
+                self.state.inflight_rollouts += self.settings.group_size
+                self._server_load[server] += self.settings.group_size
                 nursery.start_soon(self._run_group, group_id, prompt, server, self.results.clone())
+                await trio.lowlevel.checkpoint()
 
     def _may_start(self) -> bool:
         settings, state = self.settings, self.state
@@ -105,45 +122,41 @@ class Dispatcher:
     ) -> None:
         state, size = self.state, self.settings.group_size
         start_version = state.applied_version
-        members: list[RolloutResult | None] = [None] * size
-        state.inflight_rollouts += size
-        self._server_load[server] += size
+        runs: list[RolloutRun | None] = [None] * size
         scope = trio.CancelScope()
         state.groups[group_id] = InflightGroup(group_id, start_version, server, scope)
         try:
             with scope:
                 async with trio.open_nursery() as nursery:
                     for index in range(size):
-                        nursery.start_soon(
-                            self._run_member, members, index, group_id, prompt, server
-                        )
+                        nursery.start_soon(self._run_member, runs, index, group_id, prompt, server)
         finally:
             del state.groups[group_id]
             state.inflight_rollouts -= size
             self._server_load[server] -= size
             state.notify()
-        rollouts = tuple(
-            member
-            if member is not None
-            else RolloutResult(f"{group_id}-r{i}", start_version, failed="cancelled")
-            for i, member in enumerate(members)
-        )
         if scope.cancelled_caught:
             log.info("group cancelled", group=group_id, start_version=start_version)
+        rollouts = tuple(
+            self._finish(run, runs, prompt)
+            if run is not None
+            else RolloutResult(f"{group_id}-r{i}", start_version, failed="cancelled")
+            for i, run in enumerate(runs)
+        )
         async with results:
             await results.send(GroupResult(group_id, start_version, rollouts))
 
     async def _run_member(
         self,
-        members: list[RolloutResult | None],
+        runs: list[RolloutRun | None],
         index: int,
         group_id: str,
         prompt: Prompt,
         server: str,
     ) -> None:
-        members[index] = await self._run_rollout(f"{group_id}-r{index}", prompt, server)
+        runs[index] = await self._run_rollout(f"{group_id}-r{index}", prompt, server)
 
-    async def _run_rollout(self, rollout_id: str, prompt: Prompt, server: str) -> RolloutResult:
+    async def _run_rollout(self, rollout_id: str, prompt: Prompt, server: str) -> RolloutRun:
         settings, state = self.settings, self.state
         version = state.applied_version
         payload_dir = (
@@ -151,50 +164,67 @@ class Dispatcher:
             if settings.by_handle and settings.fields
             else None
         )
-        tokens = list(prompt.token_ids)
-        turns: list[tuple[int, TurnOutput]] = []
-        files: set[str] = set()
+        run = RolloutRun(rollout_id, version, payload_dir, list(prompt.token_ids))
         for turn_index in range(settings.max_turns):
             body = build_generate_request(
                 request_id=f"{rollout_id}-t{turn_index}",
-                token_ids=tokens,
+                token_ids=run.tokens,
                 max_tokens=settings.max_tokens,
                 seed=_seed(settings.seed, rollout_id, turn_index),
                 payload_dir=payload_dir,
                 fields=settings.fields,
             )
             try:
-                turn = await self._request_turn(server, body, len(tokens), payload_dir, version)
+                turn = await self._request_turn(server, body, len(run.tokens), payload_dir, version)
             except InferenceFailure as failure:
-                state.rollouts["failed"] += 1
-                return RolloutResult(
-                    rollout_id, version, files=frozenset(files), failed=str(failure)
-                )
-            files |= turn.files
-            turns.append((len(tokens), turn))
-            tokens.extend(turn.completion_ids)
+                run.failed = str(failure)
+                return run
+            run.turns.append((len(run.tokens), turn))
+            run.tokens.extend(turn.completion_ids)
             reply = self.environment.reply(prompt, turn_index, turn.completion_ids)
             if reply is None:
                 break
-            tokens.extend(reply)
-        state.files_written += len({s.file for _, t in turns for s in t.segments.values()})
-        state.bytes_written += sum(s.nbytes for _, t in turns for s in t.segments.values())
-        reward = self.environment.reward(prompt, [t.completion_ids for _, t in turns])
+            run.tokens.extend(reply)
+        return run
+
+    def _finish(
+        self, run: RolloutRun, group: Sequence[RolloutRun | None], prompt: Prompt
+    ) -> RolloutResult:
+        """Score a finished rollout and build its sample (with routing borrowed from
+        siblings for prompt rows its server served from the prefix cache)."""
+        settings, state = self.settings, self.state
+        files = frozenset(f for _, turn in run.turns for f in turn.files)
+        segments = [s for _, turn in run.turns for s in turn.segments.values()]
+        state.files_written += len({s.file for s in segments})
+        state.bytes_written += sum(s.nbytes for s in segments)
+        if run.failed is not None:
+            state.rollouts["failed"] += 1
+            return RolloutResult(run.rollout_id, run.version, files=files, failed=run.failed)
+        reward = self.environment.reward(prompt, [t.completion_ids for _, t in run.turns])
+        donors = prompt_routing_donors(
+            [
+                other.turns[0][1]
+                for other in group
+                if other is not None and other.version == run.version and other.turns
+            ],
+            len(prompt.token_ids),
+        )
         sample, routing_dropped = build_sample(
-            rollout_id,
-            tokens,
-            turns,
-            payload_dir=payload_dir,
+            run.rollout_id,
+            run.tokens,
+            run.turns,
+            payload_dir=run.payload_dir,
             fields=settings.fields,
             final_token_route=settings.final_token_route,
+            routing_donors=donors,
         )
         if routing_dropped:
             state.failures["routing_gap"] += 1
-            log.warning("routing gap: sample kept without routing", rollout=rollout_id)
+            log.warning("routing gap: sample kept without routing", rollout=run.rollout_id)
         poisoned = sample.untrainable is not None and sample.untrainable.startswith("poisoned")
         state.rollouts["poisoned" if poisoned else "completed"] += 1
         return RolloutResult(
-            rollout_id, version, reward=reward, samples=(sample,), files=frozenset(files)
+            run.rollout_id, run.version, reward=reward, samples=(sample,), files=files
         )
 
     async def _request_turn(

@@ -245,13 +245,53 @@ async def check_segment_files(
     return turn if problem is None else attrs.evolve(turn, poisoned=problem)
 
 
+class _OneChunk(httpx.AsyncByteStream):
+    """A request body that is one bytes object, iterated without an async generator.
+
+    httpx's own body stream is an async generator; when a request is cancelled mid-send
+    (a stale group being cancelled) it is left unfinished and trio warns when it is
+    garbage collected (encode/httpx#3686). A plain iterator object has nothing to leak.
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __aiter__(self) -> _OneChunkIterator:
+        return _OneChunkIterator(self._data)
+
+
+class _OneChunkIterator:
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _OneChunkIterator:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._data is None:
+            raise StopAsyncIteration
+        data, self._data = self._data, None
+        return data
+
+
+async def _post_json(
+    client: httpx.AsyncClient, url: str, body: Mapping[str, Any]
+) -> httpx.Response:
+    data = json.dumps(body, separators=(",", ":")).encode()
+    request = client.build_request(
+        "POST", url, content=data, headers={"content-type": "application/json"}
+    )
+    request.stream = _OneChunk(data)
+    return await client.send(request)
+
+
 async def post_generate(client: httpx.AsyncClient, url: str, body: Mapping[str, Any]) -> bytes:
     """POST one generate request; the caller puts the deadline around it.
 
     Raises `InferenceFailure` for connection errors and non-200 answers.
     """
     try:
-        response = await client.post(url.rstrip("/") + GENERATE_PATH, json=body)
+        response = await _post_json(client, url.rstrip("/") + GENERATE_PATH, body)
     except httpx.TimeoutException as exc:
         raise InferenceFailure("timeout", f"{url}: {exc.__class__.__name__}") from None
     except httpx.TransportError as exc:
@@ -268,8 +308,8 @@ async def post_generate(client: httpx.AsyncClient, url: str, body: Mapping[str, 
 async def post_update_weights(client: httpx.AsyncClient, url: str, weight_dir: Path) -> None:
     """Tell one server to load `weight_dir`. Raises `InferenceFailure` when it does not."""
     try:
-        response = await client.post(
-            url.rstrip("/") + UPDATE_WEIGHTS_PATH, json={"weight_dir": str(weight_dir)}
+        response = await _post_json(
+            client, url.rstrip("/") + UPDATE_WEIGHTS_PATH, {"weight_dir": str(weight_dir)}
         )
     except httpx.TimeoutException:
         raise InferenceFailure("timeout", f"{url}: update_weights timed out") from None

@@ -1,5 +1,14 @@
 """From a rollout's turns to a trainable sample (pure): tokens, loss mask, logprobs, and
-the payload stitched for the sample's span (DESIGN §4 "From turns to samples")."""
+the payload stitched for the sample's span (DESIGN §4 "From turns to samples").
+
+Prefix caching across a group: members of a GRPO group share their prompt, so a server
+that already ran one member's prompt serves the others' prompt rows from its prefix
+cache and returns their routing only from `routed_experts_prompt_start`. A position's
+routing depends only on the tokens up to it, so the rows a sibling returned for the shared
+prompt *are* the rows the cached forward used: they fill the gap (`prompt_routing_donors`),
+at lower priority than the rollout's own rows. The donor's file is then referenced by this
+sample too, and the sink's reference counts keep it while either sample is queued.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
+import numpy as np
 import structlog
 
 from orchestrator.inference_client import TurnOutput
@@ -14,6 +24,7 @@ from orchestrator.payload import (
     BadSegment,
     FinalTokenRoute,
     PayloadSegment,
+    clip_segment,
     encode_inline,
     stitch_inline_masks,
     stitch_inline_routing,
@@ -25,6 +36,35 @@ from orchestrator.rollouts import Sample
 log = structlog.get_logger("orchestrator.samples")
 
 
+@attrs.frozen
+class RoutingDonor:
+    """Routing rows of a sibling's shared prompt: a file segment or an inline array."""
+
+    segment: PayloadSegment | None = None
+    array: tuple[np.ndarray, int] | None = None
+
+
+def prompt_routing_donors(first_turns: Sequence[TurnOutput], prompt_len: int) -> list[RoutingDonor]:
+    """The prompt rows (positions below `prompt_len`) of each sibling's first turn.
+
+    Only trusted turns give rows; rows past the shared prompt belong to the sibling's own
+    completion and are clipped off.
+    """
+    donors: list[RoutingDonor] = []
+    for turn in first_turns:
+        if turn.poisoned is not None:
+            continue
+        segment = turn.segments.get("routed_experts")
+        if segment is not None and segment.pos < prompt_len:
+            rows = min(segment.rows, prompt_len - segment.pos)
+            donors.append(RoutingDonor(segment=clip_segment(segment, 0, rows, segment.pos)))
+        inline = turn.inline.get("routed_experts")
+        if inline is not None and inline[1] < prompt_len:
+            array, pos = inline
+            donors.append(RoutingDonor(array=(array[: prompt_len - pos], pos)))
+    return donors
+
+
 def build_sample(
     rollout_id: str,
     token_ids: Sequence[int],
@@ -33,6 +73,7 @@ def build_sample(
     payload_dir: Path | None,
     fields: Sequence[str],
     final_token_route: FinalTokenRoute,
+    routing_donors: Sequence[RoutingDonor] = (),
 ) -> tuple[Sample, bool]:
     """The sample of one trajectory branch, and whether its routing had to be dropped.
 
@@ -40,7 +81,8 @@ def build_sample(
     it returned; `token_ids` is the branch's whole sequence. Completion tokens are in the
     loss; prompt and environment tokens are not. A poisoned turn makes the sample
     untrainable. A routing gap keeps the tokens and drops the routing (returned True):
-    the caller warns and counts.
+    the caller warns and counts. `routing_donors` fill positions no turn of this rollout
+    covers (see the module docstring).
     """
     length = len(token_ids)
     loss_mask = [0] * length
@@ -67,9 +109,13 @@ def build_sample(
     outputs = [turn for _, turn in turns]
     try:
         if payload_dir is not None:
-            payload, dropped = _stitch_segments(outputs, length, fields, final_token_route)
-            return attrs.evolve(sample, payload=payload), dropped
-        inline, dropped = _stitch_inline(outputs, length, fields, final_token_route)
+            donors = [d.segment for d in routing_donors if d.segment is not None]
+            payload, dropped = _stitch_segments(outputs, donors, length, fields, final_token_route)
+            # A borrowed row's file is referenced by this sample too.
+            used = {str(payload_dir / s.file) for segs in payload.values() for s in segs if s.file}
+            return attrs.evolve(sample, payload=payload, files=sample.files | used), dropped
+        arrays = [d.array for d in routing_donors if d.array is not None]
+        inline, dropped = _stitch_inline(outputs, arrays, length, fields, final_token_route)
         return attrs.evolve(sample, inline=inline), dropped
     except BadSegment as exc:
         # Turns of one branch that disagree on dtype or row shape: not trainable.
@@ -78,6 +124,7 @@ def build_sample(
 
 def _stitch_segments(
     turns: Sequence[TurnOutput],
+    donors: Sequence[PayloadSegment],
     length: int,
     fields: Sequence[str],
     final_token_route: FinalTokenRoute,
@@ -86,7 +133,7 @@ def _stitch_segments(
     dropped = False
     if "routed_experts" in fields:
         routing = stitch_routing(
-            [t.segments["routed_experts"] for t in turns], length, final_token_route
+            [*(t.segments["routed_experts"] for t in turns), *donors], length, final_token_route
         )
         if routing is None:
             dropped = True
@@ -101,6 +148,7 @@ def _stitch_segments(
 
 def _stitch_inline(
     turns: Sequence[TurnOutput],
+    donors: Sequence[tuple[np.ndarray, int]],
     length: int,
     fields: Sequence[str],
     final_token_route: FinalTokenRoute,
@@ -109,7 +157,7 @@ def _stitch_inline(
     dropped = False
     if "routed_experts" in fields:
         routing = stitch_inline_routing(
-            [t.inline["routed_experts"] for t in turns], length, final_token_route
+            [*(t.inline["routed_experts"] for t in turns), *donors], length, final_token_route
         )
         if routing is None:
             dropped = True

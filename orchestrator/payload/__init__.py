@@ -21,6 +21,7 @@ from ._segment import PayloadSegment as PayloadSegment
 from ._stitch import SENTINEL as SENTINEL
 from ._stitch import Clip as Clip
 from ._stitch import FinalTokenRoute as FinalTokenRoute
+from ._stitch import clip_segment as clip_segment
 from ._stitch import plan_routing as plan_routing
 from ._stitch import sentinel_dtype as sentinel_dtype
 from ._stitch import stitch_inline_masks as stitch_inline_masks
@@ -45,6 +46,7 @@ __all__ = [
     "PayloadError",
     "PayloadMissing",
     "PayloadSegment",
+    "clip_segment",
     "compact_routed_experts",
     "decode_inline",
     "encode_inline",

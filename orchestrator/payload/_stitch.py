@@ -89,12 +89,12 @@ def stitch_routing(
     plan = plan_routing([(s.pos, s.rows) for s in turn_segments], sample_len)
     if plan is None:
         return None
-    stitched = [_clip_segment(turn_segments[c.turn], c.first_row, c.rows, c.pos) for c in plan]
+    stitched = [clip_segment(turn_segments[c.turn], c.first_row, c.rows, c.pos) for c in plan]
     if final_token_route == "repeat":
         if not stitched:
             return None
         last = stitched[-1]
-        stitched.append(_clip_segment(last, last.rows - 1, 1, sample_len - 1))
+        stitched.append(clip_segment(last, last.rows - 1, 1, sample_len - 1))
     else:
         if not turn_segments:
             return None
@@ -160,7 +160,7 @@ def stitch_masks(turn_segments: Sequence[PayloadSegment], sample_len: int) -> li
     if sample_len < 1:
         raise ValueError(f"sample_len must be at least 1, got {sample_len}")
     clips, _ = _assign([(s.pos, s.rows) for s in turn_segments], sample_len)
-    return [_clip_segment(turn_segments[c.turn], c.first_row, c.rows, c.pos) for c in clips]
+    return [clip_segment(turn_segments[c.turn], c.first_row, c.rows, c.pos) for c in clips]
 
 
 def stitch_inline_masks(
@@ -215,7 +215,7 @@ def _assign(spans: Sequence[tuple[int, int]], end: int) -> tuple[list[Clip], lis
     return clips, uncovered
 
 
-def _clip_segment(segment: PayloadSegment, first_row: int, rows: int, pos: int) -> PayloadSegment:
+def clip_segment(segment: PayloadSegment, first_row: int, rows: int, pos: int) -> PayloadSegment:
     """Rows ``first_row ..`` of `segment`, placed at position `pos`, keeping its digest."""
     if first_row == 0 and rows == segment.rows and pos == segment.pos:
         return segment

@@ -1,0 +1,186 @@
+"""Parsing generate responses: every malformed or hostile answer is a retry or a poisoned
+turn, never a crash, and only validated file names are ever offered for deletion."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+from orchestrator.inference_client import (
+    InferenceFailure,
+    TurnOutput,
+    build_generate_request,
+    check_segment_files,
+    parse_generate_response,
+)
+from orchestrator.payload import encode_inline, write_payload_file
+
+FIELDS = ("routed_experts", "sampling_mask")
+PROMPT_LEN = 10
+COMPLETION = [5, 6, 7, 8]
+
+
+def arrays(routing_pos: int = 0) -> dict[str, tuple[np.ndarray, int]]:
+    rows = PROMPT_LEN + len(COMPLETION) - 1 - routing_pos
+    routing = np.arange(rows * 2 * 3, dtype=np.uint8).reshape(rows, 2, 3)
+    mask = np.full((len(COMPLETION), 4), -1, dtype=np.int32)
+    mask[:, 0] = COMPLETION
+    return {"routed_experts": (routing, routing_pos), "sampling_mask": (mask, PROMPT_LEN)}
+
+
+def choice(**extra: Any) -> dict[str, Any]:
+    return {
+        "index": 0,
+        "token_ids": COMPLETION,
+        "logprobs": [-0.5] * len(COMPLETION),
+        "finish_reason": "stop",
+        "routed_experts_prompt_start": 0,
+        "prompt_len": PROMPT_LEN,
+        **extra,
+    }
+
+
+def by_handle_body(payload_dir: Path, **overrides: Any) -> dict[str, Any]:
+    segments = write_payload_file(payload_dir, arrays())
+    body = choice(payload=[s.to_json() for s in segments])
+    body.update(overrides)
+    return {"request_id": "r", "choices": [body]}
+
+
+def parse(doc: object, payload_dir: Path | None) -> TurnOutput:
+    raw = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    return parse_generate_response(
+        raw, prompt_len=PROMPT_LEN, payload_dir=payload_dir, fields=FIELDS
+    )
+
+
+def test_request_carries_payload_dir_only_by_handle(tmp_path: Path) -> None:
+    by_handle = build_generate_request(
+        request_id="x", token_ids=[1, 2], max_tokens=4, seed=3, payload_dir=tmp_path, fields=FIELDS
+    )
+    inline = build_generate_request(
+        request_id="x", token_ids=[1, 2], max_tokens=4, seed=3, payload_dir=None, fields=FIELDS
+    )
+    assert by_handle["sampling_params"]["extra_args"] == {"payload_dir": str(tmp_path)}
+    assert "extra_args" not in inline["sampling_params"]
+    assert inline["return_routed_experts"] and inline["return_sampling_mask"]
+
+
+def test_a_good_by_handle_turn_is_trusted(tmp_path: Path) -> None:
+    payload_dir = tmp_path / "v0"
+    turn = parse(by_handle_body(payload_dir), payload_dir)
+    assert turn.poisoned is None
+    assert turn.completion_ids == tuple(COMPLETION)
+    assert set(turn.segments) == set(FIELDS)
+    (name,) = {s.file for s in turn.segments.values()}
+    assert turn.files == frozenset({str(payload_dir / name)})
+
+
+def test_a_good_inline_turn_decodes() -> None:
+    inline = {field: encode_inline(a, pos) for field, (a, pos) in arrays().items()}
+    turn = parse({"choices": [choice(**inline)]}, None)
+    assert turn.poisoned is None
+    np.testing.assert_array_equal(turn.inline["routed_experts"][0], arrays()["routed_experts"][0])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"choices": [{"token_ids": [1, 2',  # truncated JSON
+        b"\xff\xfe not json",
+        b"[]",
+        b'{"choices": []}',
+        b'{"choices": ["x"]}',
+        json.dumps({"choices": [choice(token_ids="abc")]}).encode(),
+        json.dumps({"choices": [choice(token_ids=[1, True])]}).encode(),
+        json.dumps({"choices": [choice(logprobs=[0.1])]}).encode(),  # wrong length
+        json.dumps({"choices": [choice(logprobs=["a"] * 4)]}).encode(),
+        json.dumps({"choices": [choice(finish_reason=None)]}).encode(),
+        json.dumps({"choices": [choice(routed_experts_prompt_start=-1)]}).encode(),
+    ],
+)
+def test_malformed_responses_are_transient_failures(body: bytes, tmp_path: Path) -> None:
+    with pytest.raises(InferenceFailure) as info:
+        parse(body, tmp_path / "v0")
+    assert info.value.kind == "malformed" and info.value.transient
+    assert "\n" not in str(info.value)
+
+
+def bad_segment(payload_dir: Path, **changes: Any) -> dict[str, Any]:
+    doc = by_handle_body(payload_dir)
+    doc["choices"][0]["payload"][0].update(changes)
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("changes", "deletable"),
+    [
+        ({"file": "../../etc/passwd"}, False),
+        ({"file": "/etc/passwd"}, False),
+        ({"file": "a/b.bin"}, False),
+        ({"file": ""}, False),
+        ({"file": ".."}, False),
+        ({"dtype": "float64"}, True),
+        ({"dtype": "int32"}, True),
+        ({"shape": [3, 2]}, True),
+        ({"shape": [1, 2, 3, 4]}, True),
+        ({"offset": -4}, True),
+        ({"digest": "nothex"}, True),
+        ({"pos": 5}, True),  # rows no longer end at the last forwarded token
+        ({"shape": "13,2,3"}, True),
+    ],
+)
+def test_bad_segments_poison_the_turn(
+    changes: dict[str, Any], deletable: bool, tmp_path: Path
+) -> None:
+    payload_dir = tmp_path / "v0"
+    turn = parse(bad_segment(payload_dir, **changes), payload_dir)
+    assert turn.poisoned is not None
+    # Whatever happens, nothing outside the payload directory is ever offered for deletion.
+    assert all(Path(f).parent == payload_dir for f in turn.files)
+    if not deletable:
+        assert str(payload_dir / changes["file"]) not in turn.files
+
+
+def test_payload_error_and_missing_payload_poison_the_turn(tmp_path: Path) -> None:
+    payload_dir = tmp_path / "v0"
+    turn = parse(by_handle_body(payload_dir, payload_error="disk full"), payload_dir)
+    assert turn.poisoned is not None and "disk full" in turn.poisoned
+    turn = parse({"choices": [choice()]}, payload_dir)
+    assert turn.poisoned == "no payload segments"
+
+
+def test_a_segment_from_another_version_dir_never_leaves_it(tmp_path: Path) -> None:
+    # The server wrote into v1 but the rollout runs under v0: the name is plain, so it is
+    # looked up (and found missing) in v0, and only v0 paths are ever deletable.
+    doc = by_handle_body(tmp_path / "v1")
+    turn = parse(doc, tmp_path / "v0")
+    assert all(Path(f).parent == tmp_path / "v0" for f in turn.files)
+
+
+async def test_file_checks_catch_out_of_range_missing_and_symlinked_files(
+    tmp_path: Path,
+) -> None:
+    limiter = trio.CapacityLimiter(1)
+    payload_dir = tmp_path / "v0"
+    good = parse(by_handle_body(payload_dir), payload_dir)
+    assert (await check_segment_files(good, root=tmp_path, version=0, limiter=limiter)) is good
+
+    far = parse(bad_segment(payload_dir, offset=10**6), payload_dir)
+    checked = await check_segment_files(far, root=tmp_path, version=0, limiter=limiter)
+    assert checked.poisoned is not None
+
+    (name,) = {Path(f).name for f in good.files}
+    target = tmp_path / "elsewhere.bin"
+    (payload_dir / name).rename(target)
+    missing = await check_segment_files(good, root=tmp_path, version=0, limiter=limiter)
+    assert missing.poisoned is not None and name in missing.poisoned
+
+    (payload_dir / name).symlink_to(target)
+    linked = await check_segment_files(good, root=tmp_path, version=0, limiter=limiter)
+    assert linked.poisoned is not None
