@@ -12,6 +12,7 @@ has been collected, or when cancelled (SIGINT/SIGTERM in the `run` command).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Sequence
@@ -237,6 +238,31 @@ async def start_local_fleet(config: Config, nursery: trio.Nursery) -> list[str]:
     return urls
 
 
+async def start_metrics(
+    listen: str, nursery: trio.Nursery, state: RunState, sink: TrainSink, policy: PolicyWatcher
+) -> None:
+    """The Prometheus endpoint and the event-loop lag monitor that feeds it."""
+    from orchestrator.metrics import (
+        CollectionTimes,
+        LoopStats,
+        render_metrics,
+        serve_loop_lag_monitor,
+        serve_metrics,
+        snapshot_from,
+    )
+
+    loop_stats, collections = LoopStats(), CollectionTimes()
+    policy.collection_times = collections
+    # 50 ms: a fine enough view of lag for a scrape every few seconds, at ~0.5% of a core.
+    await nursery.start(functools.partial(serve_loop_lag_monitor, loop_stats, interval_s=0.05))
+    address = await nursery.start(
+        serve_metrics,
+        listen,
+        lambda: render_metrics(snapshot_from(state, sink, loop_stats, collections=collections)),
+    )
+    log.info("metrics endpoint", address=f"{address[0]}:{address[1]}")
+
+
 async def run_daemon(
     config: Config, *, task_status: trio.TaskStatus[RunState] = trio.TASK_STATUS_IGNORED
 ) -> RunOutcome:
@@ -293,6 +319,8 @@ async def run_daemon(
                 lambda: daemon.sink.queued_samples,
                 daemon.file_limiter,
             )
+            if config.metrics.listen:
+                await start_metrics(config.metrics.listen, nursery, state, daemon.sink, policy)
             await nursery.start(policy.serve)
             await nursery.start(daemon.serve_admission, receive)
             await nursery.start(daemon.serve_shipper)

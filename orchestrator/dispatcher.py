@@ -194,9 +194,6 @@ class Dispatcher:
         siblings for prompt rows its server served from the prefix cache)."""
         settings, state = self.settings, self.state
         files = frozenset(f for _, turn in run.turns for f in turn.files)
-        segments = [s for _, turn in run.turns for s in turn.segments.values()]
-        state.files_written += len({s.file for s in segments})
-        state.bytes_written += sum(s.nbytes for s in segments)
         if run.failed is not None:
             state.rollouts["failed"] += 1
             return RolloutResult(run.rollout_id, run.version, files=files, failed=run.failed)
@@ -260,6 +257,8 @@ class Dispatcher:
                         version=version,
                         limiter=self.file_limiter,
                     )
+                self.state.files_written += len({s.file for s in turn.segments.values()})
+                self.state.bytes_written += sum(s.nbytes for s in turn.segments.values())
                 if turn.poisoned is not None:
                     self.state.failures["poisoned_payload"] += 1
                     log.warning("poisoned payload", server=server, reason=turn.poisoned)

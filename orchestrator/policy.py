@@ -21,6 +21,8 @@ import watchfiles
 from payload_gc import PayloadGCError, collect_below, min_fresh_version
 
 from orchestrator.inference_client import InferenceFailure, post_update_weights
+from orchestrator.metrics import CollectionTimes
+from orchestrator.payload_disk import measure_tree
 from orchestrator.run_state import RunState
 from orchestrator.weights import published_versions, weights_step_dir
 
@@ -89,6 +91,8 @@ class PolicyWatcher:
     # Called after each collection: sweeps the sink and cancels groups that cannot ship.
     sweep: Callable[[], Awaitable[None]]
     file_limiter: trio.CapacityLimiter
+    # Set when metrics are on: receives each collection's duration.
+    collection_times: CollectionTimes | None = None
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Watch `weights/` until cancelled; apply each new version in order of arrival."""
@@ -142,6 +146,9 @@ class PolicyWatcher:
         """Delete every `v<k>` below `min_fresh_version(version + 1, m)`."""
         state = self.state
         bound = min_fresh_version(version + 1, self.settings.max_off_policy_steps)
+        # Disk use peaks right before a collection: sample it there.
+        _, on_disk = await measure_tree(self.settings.payload_root, limiter=self.file_limiter)
+        state.record_payload_bytes(on_disk)
         started = time.monotonic()
         try:
             with trio.fail_after(self.settings.collect_deadline_s):
@@ -151,6 +158,8 @@ class PolicyWatcher:
             log.error("collection failed", bound=bound, error=str(exc) or repr(exc))
             return
         state.bound = bound
+        if self.collection_times is not None:
+            self.collection_times.observe_collection(time.monotonic() - started)
         state.files_deleted["collection"] += report.files
         state.bytes_deleted["collection"] += report.bytes
         log.info(

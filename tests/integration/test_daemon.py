@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
@@ -154,3 +156,35 @@ async def test_fresh_run_refuses_a_root_it_did_not_create(tmp_path: Path) -> Non
     with pytest.raises(UserError, match="payload"), trio.fail_after(60):
         await run_daemon(config)
     assert (root / "precious.txt").read_text() == "not ours"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def scraped_value(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in the scrape")
+
+
+async def test_metrics_endpoint_follows_the_run(tmp_path: Path) -> None:
+    port = free_port()
+    config = demo_config(tmp_path / "run", "max_steps=3", f'metrics.listen="127.0.0.1:{port}"')
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery, httpx.AsyncClient() as client:
+            state: RunState = await nursery.start(run_daemon, config)
+            while state.next_step <= 2:
+                await state.wait_changed()
+            response = await client.get(f"http://127.0.0.1:{port}/metrics")
+            nursery.cancel_scope.cancel()
+    assert response.status_code == 200
+    text = response.text
+    assert scraped_value(text, "orchestrator_step") >= 2
+    assert scraped_value(text, 'orchestrator_rollouts_total{outcome="completed"}') > 0
+    assert "orchestrator_event_loop_lag_seconds_bucket" in text
+    assert "orchestrator_discards_total" in text
