@@ -25,4 +25,5 @@ test: lint
 	$(RUN) pytest -q
 
 bench: setup
-	$(RUN) python bench/run_all.py
+	$(UV) sync --frozen --python python3 --quiet --group bench
+	$(RUN) --group bench python bench/run_all.py
