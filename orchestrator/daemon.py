@@ -31,6 +31,7 @@ from orchestrator.policy import PolicySettings, PolicyWatcher
 from orchestrator.progress import Progress, save_progress
 from orchestrator.rollouts import GroupResult
 from orchestrator.run_state import RunState
+from orchestrator.server_pool import ProbeSettings, ServerPool, serve_health_prober
 from orchestrator.sink import QueuedSample, SinkLimits, TrainSink
 from orchestrator.startup import find_start_point, wait_for_version, wipe_payload_root
 
@@ -187,9 +188,8 @@ def sink_limits(config: Config) -> SinkLimits:
     )
 
 
-def dispatch_settings(config: Config, urls: Sequence[str]) -> DispatchSettings:
+def dispatch_settings(config: Config) -> DispatchSettings:
     return DispatchSettings(
-        urls=tuple(url.rstrip("/") for url in urls),
         group_size=config.batch.group_size,
         batch_size=config.batch.size,
         max_inflight=config.inference.max_inflight,
@@ -206,16 +206,24 @@ def dispatch_settings(config: Config, urls: Sequence[str]) -> DispatchSettings:
     )
 
 
-def policy_settings(config: Config, urls: Sequence[str]) -> PolicySettings:
+def policy_settings(config: Config) -> PolicySettings:
     return PolicySettings(
         weights_dir=config.weights_dir,
         payload_root=config.payload_root,
-        urls=tuple(url.rstrip("/") for url in urls),
         max_off_policy_steps=config.staleness.max_off_policy_steps,
         force_polling=config.trainer.force_polling,
         poll_interval_s=config.trainer.poll_interval_s,
         request_timeout_s=config.inference.request_timeout_s,
+        retries=config.inference.retries,
         retry_backoff_s=config.inference.retry_backoff_s,
+    )
+
+
+def probe_settings(config: Config) -> ProbeSettings:
+    return ProbeSettings(
+        weights_dir=config.weights_dir,
+        interval_s=min(1.0, config.inference.unavailable_deadline_s / 3),
+        request_timeout_s=min(5.0, config.inference.request_timeout_s),
         unavailable_deadline_s=config.inference.unavailable_deadline_s,
     )
 
@@ -295,8 +303,16 @@ async def run_daemon(
         urls = [*config.inference.urls, *await start_local_fleet(config, nursery)]
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+            pool = ServerPool.of(urls, on_change=state.notify)
             policy = PolicyWatcher(
-                policy_settings(config, urls), state, client, daemon.sweep, daemon.file_limiter
+                policy_settings(config), state, client, pool, daemon.sweep, daemon.file_limiter
+            )
+            await nursery.start(
+                serve_health_prober,
+                pool,
+                client,
+                probe_settings(config),
+                lambda: state.applied_version,
             )
             if start.resumed:
                 log.info("resuming", last_shipped=start.resume_step)
@@ -311,13 +327,14 @@ async def run_daemon(
             await daemon.save_progress()
             send, receive = trio.open_memory_channel[GroupResult](16)
             dispatcher = Dispatcher(
-                dispatch_settings(config, urls),
+                dispatch_settings(config),
                 state,
                 environment,
                 client,
                 send,
                 lambda: daemon.sink.queued_samples,
                 daemon.file_limiter,
+                pool,
             )
             if config.metrics.listen:
                 await start_metrics(config.metrics.listen, nursery, state, daemon.sink, policy)

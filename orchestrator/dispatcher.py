@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from orchestrator.payload import FinalTokenRoute, version_dir
 from orchestrator.rollouts import GroupResult, RolloutResult
 from orchestrator.run_state import InflightGroup, RunState
 from orchestrator.samples import build_sample, prompt_routing_donors
+from orchestrator.server_pool import ServerPool
 
 log = structlog.get_logger("orchestrator.dispatch")
 
@@ -42,7 +42,6 @@ log = structlog.get_logger("orchestrator.dispatch")
 class DispatchSettings:
     """What the dispatcher needs from the config."""
 
-    urls: tuple[str, ...]
     group_size: int
     batch_size: int
     max_inflight: int
@@ -81,7 +80,7 @@ class Dispatcher:
     results: trio.MemorySendChannel[GroupResult]
     queued_samples: Callable[[], int]  # the sink's count of queued samples
     file_limiter: trio.CapacityLimiter
-    _server_load: Counter[str] = attrs.field(factory=Counter)
+    pool: ServerPool
     _groups_started: int = 0
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -92,13 +91,17 @@ class Dispatcher:
             while True:
                 while not self._may_start():
                     await self.state.wait_changed()
+                server = self.pool.pick()
+                if server is None:
+                    # Every server is down: wait for the prober to bring one back.
+                    await self.state.wait_changed()
+                    continue
                 prompt = self.environment.draw_prompt(rng)
-                server = min(self.settings.urls, key=lambda url: self._server_load[url])
                 self._groups_started += 1
                 group_id = f"g{self._groups_started:07d}-{prompt.prompt_id}"
                 # Counted here, not in the task, so the gate sees it before the next pass.
                 self.state.inflight_rollouts += self.settings.group_size
-                self._server_load[server] += self.settings.group_size
+                self.pool.load[server] += self.settings.group_size
                 nursery.start_soon(self._run_group, group_id, prompt, server, self.results.clone())
                 await trio.lowlevel.checkpoint()
 
@@ -133,7 +136,7 @@ class Dispatcher:
         finally:
             del state.groups[group_id]
             state.inflight_rollouts -= size
-            self._server_load[server] -= size
+            self.pool.load[server] -= size
             state.notify()
         if scope.cancelled_caught:
             log.info("group cancelled", group=group_id, start_version=start_version)
@@ -264,6 +267,8 @@ class Dispatcher:
                     log.warning("poisoned payload", server=server, reason=turn.poisoned)
                 return turn
             self.state.failures[failure.kind] += 1
+            if failure.kind == "connect":
+                self.pool.mark_down(server, failure.detail)
             attempt += 1
             if not failure.transient or attempt > settings.retries:
                 raise failure
@@ -274,8 +279,3 @@ class Dispatcher:
 def _seed(run_seed: int, rollout_id: str, turn: int) -> int:
     digest = hashlib.blake2b(f"{run_seed}/{rollout_id}/{turn}".encode(), digest_size=4)
     return int.from_bytes(digest.digest(), "little")
-
-
-def dispatch_urls(urls: Sequence[str]) -> tuple[str, ...]:
-    """Normalised server URLs (no trailing slash), in the given order."""
-    return tuple(url.rstrip("/") for url in urls)

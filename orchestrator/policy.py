@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import attrs
@@ -24,60 +24,51 @@ from orchestrator.inference_client import InferenceFailure, post_update_weights
 from orchestrator.metrics import CollectionTimes
 from orchestrator.payload_disk import measure_tree
 from orchestrator.run_state import RunState
+from orchestrator.server_pool import ServerPool
 from orchestrator.weights import published_versions, weights_step_dir
 
 log = structlog.get_logger("orchestrator.policy")
-
-
-class InferenceUnavailable(Exception):
-    """Inference servers did not answer within the configured deadline."""
 
 
 @attrs.frozen
 class PolicySettings:
     weights_dir: Path
     payload_root: Path
-    urls: tuple[str, ...]
     max_off_policy_steps: int
     force_polling: bool
     poll_interval_s: float
     request_timeout_s: float
+    retries: int
     retry_backoff_s: float
-    unavailable_deadline_s: float
     collect_deadline_s: float = 3600.0
 
 
 async def broadcast_update_weights(
-    client: httpx.AsyncClient, settings: PolicySettings, version: int
+    client: httpx.AsyncClient, settings: PolicySettings, pool: ServerPool, version: int
 ) -> None:
-    """Tell every server to load `version`, concurrently; retry each until it answers.
+    """Tell every healthy server to load `version`, concurrently, with retries.
 
-    A server that is down is retried with backoff, not fatal; raises
-    `InferenceUnavailable` when one has not applied the version within
-    `unavailable_deadline_s`.
+    A server that still fails after `retries` attempts is marked down: it gets the
+    version from the health prober when it comes back, and no group is pinned to it
+    meanwhile. Never raises for a failing server (the prober's deadline decides when
+    having no server at all is fatal).
     """
     weight_dir = weights_step_dir(settings.weights_dir, version)
 
     async def update(url: str) -> None:
-        attempt = 0
-        with trio.move_on_after(settings.unavailable_deadline_s) as scope:
-            while True:
-                try:
-                    with trio.fail_after(settings.request_timeout_s):
-                        await post_update_weights(client, url, weight_dir)
-                    return
-                except (InferenceFailure, trio.TooSlowError) as exc:
-                    attempt += 1
-                    log.warning("update_weights failed", url=url, version=version, error=str(exc))
-                    await trio.sleep(min(settings.retry_backoff_s * 2**attempt, 10.0))
-        if scope.cancelled_caught:
-            raise InferenceUnavailable(
-                f"inference server {url} did not load v{version} within "
-                f"{settings.unavailable_deadline_s:g} s"
-            )
+        for attempt in range(settings.retries + 1):
+            try:
+                with trio.fail_after(settings.request_timeout_s):
+                    await post_update_weights(client, url, weight_dir)
+                return
+            except (InferenceFailure, trio.TooSlowError) as exc:
+                error = str(exc) or "no answer in time"
+                log.warning("update_weights failed", url=url, version=version, error=error)
+            await trio.sleep(min(settings.retry_backoff_s * 2**attempt, 10.0))
+        pool.mark_down(url, f"did not load v{version}")
 
     async with trio.open_nursery() as nursery:
-        for url in settings.urls:
+        for url in pool.healthy():
             nursery.start_soon(update, url)
 
 
@@ -88,6 +79,7 @@ class PolicyWatcher:
     settings: PolicySettings
     state: RunState
     client: httpx.AsyncClient
+    pool: ServerPool
     # Called after each collection: sweeps the sink and cancels groups that cannot ship.
     sweep: Callable[[], Awaitable[None]]
     file_limiter: trio.CapacityLimiter
@@ -132,7 +124,7 @@ class PolicyWatcher:
     async def apply(self, version: int) -> None:
         """Load `version` on every server, apply it, collect, sweep (DESIGN §5)."""
         state, settings = self.state, self.settings
-        await broadcast_update_weights(self.client, settings, version)
+        await broadcast_update_weights(self.client, settings, self.pool, version)
         previous = state.applied_version
         state.applied_version = version
         state.notify()
@@ -170,7 +162,3 @@ class PolicyWatcher:
             bytes=report.bytes,
             duration_s=round(time.monotonic() - started, 3),
         )
-
-
-def urls_tuple(urls: Sequence[str]) -> tuple[str, ...]:
-    return tuple(url.rstrip("/") for url in urls)

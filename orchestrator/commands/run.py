@@ -28,8 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.config import config_from_args
     from orchestrator.daemon import RunOutcome, run_daemon
     from orchestrator.logs import configure_logging
-    from orchestrator.policy import InferenceUnavailable
     from orchestrator.progress import hold_run_lock
+    from orchestrator.server_pool import InferenceUnavailable
     from orchestrator.summary import (
         check_invariants,
         invariants_hold,

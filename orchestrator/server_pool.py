@@ -1,0 +1,129 @@
+"""Which inference servers are usable: load per server, down servers, and recovery.
+
+A server that refuses connections is marked down: no new group is pinned to it. A prober
+checks down servers' `/health`; one that answers again is first told to load the applied
+policy version (a restarted server has lost it), then marked up. A server that is down
+is not waited for by policy updates; it catches up when it recovers. Every server down
+for longer than the deadline is fatal: the run stops with one clear error.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import attrs
+import httpx
+import structlog
+import trio
+
+from orchestrator.inference_client import InferenceFailure, post_update_weights
+
+log = structlog.get_logger("orchestrator.servers")
+
+HEALTH_PATH = "/health"
+
+
+class InferenceUnavailable(Exception):
+    """Inference servers did not answer within the configured deadline."""
+
+
+@attrs.define
+class ServerPool:
+    """The servers of a run, their load (rollouts pinned) and which are down."""
+
+    urls: tuple[str, ...]
+    load: Counter[str] = attrs.field(factory=Counter)
+    # url -> trio.current_time() when it was marked down.
+    down_since: dict[str, float] = attrs.field(factory=dict)
+    on_change: Callable[[], None] = lambda: None
+
+    @classmethod
+    def of(cls, urls: Sequence[str], on_change: Callable[[], None]) -> ServerPool:
+        return cls(tuple(url.rstrip("/") for url in urls), on_change=on_change)
+
+    def healthy(self) -> list[str]:
+        return [url for url in self.urls if url not in self.down_since]
+
+    def pick(self) -> str | None:
+        """The least loaded healthy server, or None when every server is down."""
+        healthy = self.healthy()
+        return min(healthy, key=lambda url: self.load[url]) if healthy else None
+
+    def mark_down(self, url: str, reason: str) -> None:
+        if url not in self.down_since:
+            self.down_since[url] = trio.current_time()
+            log.warning("inference server down", url=url, reason=reason)
+            self.on_change()
+
+    def mark_up(self, url: str) -> None:
+        if self.down_since.pop(url, None) is not None:
+            log.info("inference server back", url=url)
+            self.on_change()
+
+    def all_down_for(self) -> float | None:
+        """Seconds since the last server went down, when every server is down."""
+        if not self.urls or len(self.down_since) < len(self.urls):
+            return None
+        return trio.current_time() - max(self.down_since.values())
+
+
+async def probe_health(client: httpx.AsyncClient, url: str) -> bool:
+    """Whether `url` answers `GET /health` with 200. The caller sets the deadline."""
+    try:
+        response = await client.get(url + HEALTH_PATH)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
+@attrs.frozen
+class ProbeSettings:
+    weights_dir: Path
+    interval_s: float
+    request_timeout_s: float
+    unavailable_deadline_s: float
+
+
+async def serve_health_prober(
+    pool: ServerPool,
+    client: httpx.AsyncClient,
+    settings: ProbeSettings,
+    applied_version: Callable[[], int],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Bring recovered servers back (after loading the applied version) until cancelled.
+
+    Raises `InferenceUnavailable` when every server has been down for longer than
+    `unavailable_deadline_s`.
+    """
+    from orchestrator.weights import weights_step_dir
+
+    task_status.started()
+    while True:
+        await trio.sleep(settings.interval_s)
+        for url in list(pool.down_since):
+            with trio.move_on_after(settings.request_timeout_s):
+                if not await probe_health(client, url):
+                    continue
+                version = applied_version()
+                if version > 0:
+                    try:
+                        await post_update_weights(
+                            client, url, weights_step_dir(settings.weights_dir, version)
+                        )
+                    except InferenceFailure as exc:
+                        log.warning("recovering server refused weights", url=url, error=str(exc))
+                        continue
+                # A policy update that ran meanwhile skipped this server: try again.
+                if applied_version() == version:
+                    pool.mark_up(url)
+        down_for = pool.all_down_for()
+        if down_for is not None and down_for > settings.unavailable_deadline_s:
+            raise InferenceUnavailable(
+                f"every inference server has been unreachable for {down_for:.0f} s "
+                f"(inference.unavailable_deadline_s = {settings.unavailable_deadline_s:g}): "
+                + ", ".join(pool.urls)
+            )
