@@ -136,7 +136,7 @@ class Daemon:
         progress = Progress(
             step=state.next_step - 1,
             applied_version=state.applied_version,
-            bound=state.bound if state.bound is not None else 0,
+            bound=state.bound,
             inflight_rollouts=state.inflight_rollouts,
             queued_samples=sink.queued_samples,
             discards=dict(sink.counters),

@@ -37,7 +37,7 @@ class Progress:
 
     step: int  # the last shipped batch (0: none)
     applied_version: int
-    bound: int  # the last collection bound
+    bound: int | None  # the last collection bound (None: no collection yet)
     inflight_rollouts: int = 0
     queued_samples: int = 0
     discards: Mapping[str, int] = attrs.field(factory=dict)
@@ -62,7 +62,7 @@ def load_progress(state_dir: Path) -> Progress | None:
         return Progress(
             step=int(raw["step"]),
             applied_version=int(raw["applied_version"]),
-            bound=int(raw["bound"]),
+            bound=None if raw["bound"] is None else int(raw["bound"]),
             inflight_rollouts=int(raw.get("inflight_rollouts", 0)),
             queued_samples=int(raw.get("queued_samples", 0)),
             discards={str(k): int(v) for k, v in dict(raw.get("discards", {})).items()},

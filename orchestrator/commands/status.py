@@ -321,7 +321,10 @@ def _progress_facts(progress: Progress, now: float) -> list[tuple[str, str]]:
     discards = ", ".join(f"{reason} {n}" for reason, n in sorted(progress.discards.items()) if n)
     return [
         ("applied", format_version(progress.applied_version)),
-        ("last collection", f"bound {format_version(progress.bound)}"),
+        (
+            "last collection",
+            "none yet" if progress.bound is None else f"bound {format_version(progress.bound)}",
+        ),
         (
             "in flight",
             f"{progress.inflight_rollouts} rollouts, {progress.queued_samples} queued samples"

@@ -8,9 +8,7 @@ use the `sim-inference` and `sim-trainer` commands, which build the same setting
 from __future__ import annotations
 
 from orchestrator.config import Config
-from orchestrator.sim._faults import FaultRates
-from orchestrator.sim._model import SimModel
-from orchestrator.sim.inference import SimInferenceConfig
+from orchestrator.sim import FaultRates, SimInferenceConfig, SimModel
 from orchestrator.sim.trainer import SimTrainerConfig
 
 
