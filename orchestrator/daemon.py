@@ -299,59 +299,65 @@ async def run_daemon(
         # Before anything starts, so that a refused root stops the run with nothing done.
         log.info("fresh run", payload_root=str(config.payload_root))
         await wipe_payload_root(config.payload_root)
-    async with trio.open_nursery() as nursery:
-        urls = [*config.inference.urls, *await start_local_fleet(config, nursery)]
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with httpx.AsyncClient(timeout=None, limits=limits) as client:
-            pool = ServerPool.of(urls, on_change=state.notify)
-            policy = PolicyWatcher(
-                policy_settings(config), state, client, pool, daemon.sweep, daemon.file_limiter
-            )
-            await nursery.start(
-                serve_health_prober,
-                pool,
-                client,
-                probe_settings(config),
-                lambda: state.applied_version,
-            )
-            if start.resumed:
-                log.info("resuming", last_shipped=start.resume_step)
-                state.next_step = start.resume_step + 1
-                await wait_for_version(
-                    config.weights_dir,
-                    start.resume_step,
-                    poll_interval_s=config.trainer.poll_interval_s,
+    try:
+        async with trio.open_nursery() as nursery:
+            urls = [*config.inference.urls, *await start_local_fleet(config, nursery)]
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+            async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+                pool = ServerPool.of(urls, on_change=state.notify)
+                policy = PolicyWatcher(
+                    policy_settings(config), state, client, pool, daemon.sweep, daemon.file_limiter
                 )
-                if start.resume_step > 0:
-                    await policy.apply(start.resume_step)
+                await nursery.start(
+                    serve_health_prober,
+                    pool,
+                    client,
+                    probe_settings(config),
+                    lambda: state.applied_version,
+                )
+                if start.resumed:
+                    log.info("resuming", last_shipped=start.resume_step)
+                    state.next_step = start.resume_step + 1
+                    await wait_for_version(
+                        config.weights_dir,
+                        start.resume_step,
+                        poll_interval_s=config.trainer.poll_interval_s,
+                    )
+                    if start.resume_step > 0:
+                        await policy.apply(start.resume_step)
+                await daemon.save_progress()
+                send, receive = trio.open_memory_channel[GroupResult](16)
+                dispatcher = Dispatcher(
+                    dispatch_settings(config),
+                    state,
+                    environment,
+                    client,
+                    send,
+                    lambda: daemon.sink.queued_samples,
+                    daemon.file_limiter,
+                    pool,
+                )
+                if config.metrics.listen:
+                    await start_metrics(config.metrics.listen, nursery, state, daemon.sink, policy)
+                await nursery.start(policy.serve)
+                await nursery.start(daemon.serve_admission, receive)
+                await nursery.start(daemon.serve_shipper)
+                await nursery.start(dispatcher.serve)
+                task_status.started(state)
+                if config.max_steps:
+                    await _wait_until_trained(state, config.max_steps)
+                    await daemon.drop_everything_queued()
+                    nursery.cancel_scope.cancel()
+                else:
+                    await trio.sleep_forever()
+    finally:
+        # Stopped by a signal or an error too: save what is known, within the grace time.
+        with trio.move_on_after(config.shutdown.grace_s) as cleanup:
+            cleanup.shield = True
             await daemon.save_progress()
-            send, receive = trio.open_memory_channel[GroupResult](16)
-            dispatcher = Dispatcher(
-                dispatch_settings(config),
-                state,
-                environment,
-                client,
-                send,
-                lambda: daemon.sink.queued_samples,
-                daemon.file_limiter,
-                pool,
-            )
-            if config.metrics.listen:
-                await start_metrics(config.metrics.listen, nursery, state, daemon.sink, policy)
-            await nursery.start(policy.serve)
-            await nursery.start(daemon.serve_admission, receive)
-            await nursery.start(daemon.serve_shipper)
-            await nursery.start(dispatcher.serve)
-            task_status.started(state)
-            if config.max_steps:
-                await _wait_until_trained(state, config.max_steps)
-                await daemon.drop_everything_queued()
-                nursery.cancel_scope.cancel()
-            else:
-                await trio.sleep_forever()
+
     _, on_disk = await measure_tree(config.payload_root, limiter=daemon.file_limiter)
     state.record_payload_bytes(on_disk)
-    await daemon.save_progress()
     return RunOutcome(
         state, daemon.sink, start.resume_step + 1, time.monotonic() - started, tuple(urls)
     )
