@@ -35,6 +35,8 @@ from payload_gc import collect_below
 PROBE_INTERVAL_S = 0.001
 TARGET_RATIO = 1.0
 TARGET_LAG_MS = 20.0
+#: Seconds the lag probe runs alone before each collection, to show the machine's baseline.
+BASELINE_S = 3.0
 
 
 def build_version(directory: Path, files: int, payload: bytes) -> None:
@@ -69,18 +71,29 @@ def build_trees(base: Path, versions: int, files: int, size: int) -> tuple[Path,
     return tree_gc, tree_rm
 
 
+async def _probe(stop: trio.Event, lags: list[float]) -> None:
+    """Sleep 1 ms at a time until `stop`, recording how late each wake-up was."""
+    while not stop.is_set():
+        before = trio.current_time()
+        await trio.sleep(PROBE_INTERVAL_S)
+        lags.append(trio.current_time() - before - PROBE_INTERVAL_S)
+
+
+async def _idle_lags(seconds: float) -> list[float]:
+    lags: list[float] = []
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_probe, stop, lags)
+        await trio.sleep(seconds)
+        stop.set()
+    return lags
+
+
 async def _gc_with_probe(root: Path, bound: int, workers: int) -> tuple[float, int, list[float]]:
     lags: list[float] = []
     stop = trio.Event()
-
-    async def probe() -> None:
-        while not stop.is_set():
-            before = trio.current_time()
-            await trio.sleep(PROBE_INTERVAL_S)
-            lags.append(trio.current_time() - before - PROBE_INTERVAL_S)
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(probe)
+        nursery.start_soon(_probe, stop, lags)
         # Let the probe take its first sample before the collection starts.
         await trio.lowlevel.checkpoint()
         started = time.perf_counter()
@@ -94,6 +107,21 @@ async def _gc_with_probe(root: Path, bound: int, workers: int) -> tuple[float, i
 
 def run_gc(root: Path, bound: int, workers: int) -> tuple[float, int, list[float]]:
     return trio.run(_gc_with_probe, root, bound, workers)
+
+
+def idle_lags(seconds: float) -> list[float]:
+    """The probe's lags with nothing else running: this machine's own baseline."""
+    return trio.run(_idle_lags, seconds)
+
+
+def _lag_summary(lags: list[float]) -> str:
+    ms = sorted(lag * 1000 for lag in lags)
+    if not ms:
+        return "no samples"
+    return (
+        f"worst **{ms[-1]:.1f} ms**, p99 {ms[int(0.99 * (len(ms) - 1))]:.2f} ms, median "
+        f"{statistics.median(ms):.2f} ms over {len(ms):,} samples"
+    )
 
 
 def run_rm(paths: list[Path]) -> float:
@@ -124,9 +152,7 @@ def main() -> int:
     if args.versions < 2 or args.files < 1:
         parser.error("need --versions >= 2 and --files >= 1")
     half = args.versions // 2
-    command = "uv run --frozen python bench/gc_vs_rm.py " + " ".join(
-        shlex.quote(a) for a in sys.argv[1:]
-    )
+    command = shlex.join(["uv", "run", "--frozen", "python", "bench/gc_vs_rm.py", *sys.argv[1:]])
 
     base = Path(tempfile.mkdtemp(prefix="gc_vs_rm-", dir=args.dir))
     try:
@@ -137,6 +163,7 @@ def main() -> int:
         # writeback; likewise after every timed step (the sync itself is not timed).
         os.sync()
 
+        baseline = idle_lags(BASELINE_S)
         print("gc_vs_rm: half 1: payload_gc first, then rm -rf", flush=True)
         gc1_s, gc1_files, lags1 = run_gc(tree_gc, half, args.workers)
         os.sync()
@@ -145,6 +172,7 @@ def main() -> int:
         print("gc_vs_rm: half 2: rm -rf first, then payload_gc", flush=True)
         rm2_s = run_rm([tree_rm / f"v{v}" for v in range(half, args.versions)])
         os.sync()
+        baseline += idle_lags(BASELINE_S)
         gc2_s, gc2_files, lags2 = run_gc(tree_gc, args.versions, args.workers)
         leftovers = sorted(p.name for p in tree_gc.iterdir()) + sorted(
             p.name for p in tree_rm.iterdir()
@@ -158,13 +186,11 @@ def main() -> int:
     rm2_files = (args.versions - half) * args.files
     if (gc1_files, gc2_files) != (rm1_files, rm2_files):
         raise SystemExit(f"gc_vs_rm: payload_gc deleted {gc1_files}+{gc2_files} files")
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     gc_rate = (gc1_files + gc2_files) / (gc1_s + gc2_s)
     rm_rate = (rm1_files + rm2_files) / (rm1_s + rm2_s)
     ratio = gc_rate / rm_rate
-    lags_ms = sorted(lag * 1000 for lag in lags1 + lags2)
-    worst_ms = lags_ms[-1] if lags_ms else 0.0
-    p99_ms = lags_ms[int(0.99 * (len(lags_ms) - 1))] if lags_ms else 0.0
-    median_ms = statistics.median(lags_ms) if lags_ms else 0.0
+    worst_ms = max(lags1 + lags2, default=0.0) * 1000
 
     def row(label: str, order: str, files: int, seconds: float) -> str:
         return f"| {label} | {order} | {files:,} | {seconds:.3f} | {files / seconds:,.0f} |"
@@ -191,9 +217,11 @@ def main() -> int:
             "",
             f"- payload_gc: **{gc_rate:,.0f} files/s**; rm -rf: **{rm_rate:,.0f} files/s**; "
             f"ratio **{ratio:.2f}** (target >= {TARGET_RATIO:.1f}: {verdict_ratio})",
-            f"- event-loop lag while collecting: worst **{worst_ms:.1f} ms**, p99 "
-            f"{p99_ms:.2f} ms, median {median_ms:.2f} ms over {len(lags_ms):,} samples "
+            f"- event-loop lag while collecting: {_lag_summary(lags1 + lags2)} "
             f"(target worst <= {TARGET_LAG_MS:.0f} ms: {verdict_lag})",
+            f"- the same probe with nothing else in the process ({2 * BASELINE_S:.0f} s, just "
+            f"before each collection): {_lag_summary(baseline)}; the load average was "
+            f"{load}",
             f"- machine: {machine()}",
             f"- revision {git_revision()}; command: `{command}`",
         ]
