@@ -1,0 +1,246 @@
+"""Properties of the train sink over random runs of admit / drop_stale / assemble / collect.
+
+Invariants checked after every operation:
+- no assembled batch holds a group whose start version is below `min_fresh_version(step, m)`;
+- a file is never returned for deletion while a queued sample holds it or a shipped sample
+  references it (unless the version collector already removed its directory);
+- no file is returned twice, and at the end every file that no shipped sample references
+  has been returned exactly once (no leak, no double delete);
+- constant-size batches have exactly `batch_size` samples; others are whole groups;
+- every admitted unit is shipped, queued, abandoned or counted under exactly one reason;
+- pinned files are exactly the shipped files the collector has not removed (bounded memory).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from pathlib import PurePosixPath
+
+import attrs
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from payload_gc import min_fresh_version, parse_version
+
+from orchestrator.rollouts import GroupResult, RolloutResult, Sample
+from orchestrator.sink import QueuedSample, SinkLimits, SinkNotReady, TrainSink
+
+MAX_SEQ_LEN = 8
+
+
+@attrs.frozen
+class BranchSpec:
+    length: int
+    loss_tokens: int
+    untrainable: bool
+    shares_first_turn: bool
+
+
+@attrs.frozen
+class MemberSpec:
+    failed: bool
+    reward: float
+    version_lag: int
+    branches: tuple[BranchSpec, ...]
+    extra_file: bool
+
+
+@attrs.frozen
+class Admit:
+    age: int  # start version = next_step - 1 - age (so age > m is stale on arrival)
+    members: tuple[MemberSpec, ...]
+
+
+@attrs.frozen
+class DropStale:
+    pass
+
+
+@attrs.frozen
+class Assemble:
+    collect: bool  # whether the trainer read it and the collector ran before the next op
+
+
+Operation = Admit | DropStale | Assemble
+
+# Weighted towards trainable groups, so that queues fill up and batches get assembled.
+branches = st.builds(
+    BranchSpec,
+    length=st.integers(2, MAX_SEQ_LEN + 1),
+    loss_tokens=st.sampled_from([0, 1, 2, 2, 2, 2]),
+    untrainable=st.sampled_from([False] * 7 + [True]),
+    shares_first_turn=st.booleans(),
+)
+some_branches = st.lists(branches, min_size=1, max_size=3).map(tuple)
+members = st.builds(
+    MemberSpec,
+    failed=st.sampled_from([False] * 5 + [True]),
+    reward=st.sampled_from([0.0, 1.0, 0.0, 1.0, 0.5, 2.0]),
+    version_lag=st.integers(0, 2),
+    branches=st.one_of(*[some_branches] * 5, st.just(())),
+    extra_file=st.booleans(),
+)
+admits = st.builds(
+    Admit, age=st.integers(0, 5), members=st.lists(members, min_size=2, max_size=4).map(tuple)
+)
+assembles = st.builds(Assemble, collect=st.booleans())
+operations = st.one_of(admits, admits, assembles, assembles, st.just(DropStale()))
+limits = st.builds(
+    SinkLimits,
+    batch_size=st.integers(1, 6),
+    constant_size=st.booleans(),
+    max_off_policy_steps=st.integers(0, 3),
+    curriculum_min_mean_reward=st.just(0.0),
+    curriculum_max_mean_reward=st.just(1.0),
+    max_seq_len=st.just(MAX_SEQ_LEN),
+)
+
+
+def version_of(path: str) -> int:
+    version = parse_version(PurePosixPath(path).parent.name)
+    assert version is not None
+    return version
+
+
+@attrs.define
+class Run:
+    """Drives a sink and keeps the facts needed to check it from outside."""
+
+    sink: TrainSink
+    next_step: int = 1
+    forgotten_below: int = -(10**9)
+    names: itertools.count[int] = attrs.field(factory=itertools.count)
+    every_file: set[str] = attrs.field(factory=set)
+    shipped_files: set[str] = attrs.field(factory=set)
+    returned: Counter[str] = attrs.field(factory=Counter)
+    admitted_units: int = 0
+    admission_order: dict[str, int] = attrs.field(factory=dict)
+
+    @property
+    def m(self) -> int:
+        return self.sink.limits.max_off_policy_steps
+
+    def branch(self, rollout_id: str, spec: BranchSpec, first_turn: str) -> Sample:
+        own_turn = f"{PurePosixPath(first_turn).parent}/{next(self.names)}.bin"
+        return Sample(
+            rollout_id=rollout_id,
+            token_ids=tuple(range(spec.length)),
+            loss_mask=(0,) * (spec.length - spec.loss_tokens) + (1,) * spec.loss_tokens,
+            logprobs=(0.0,) * spec.length,
+            files=frozenset({own_turn, first_turn} if spec.shares_first_turn else {own_turn}),
+            untrainable="poisoned" if spec.untrainable else None,
+        )
+
+    def member(self, spec: MemberSpec, start: int) -> RolloutResult:
+        rollout_id = f"r{next(self.names)}"
+        version = start + spec.version_lag
+        # The first turn, which branches may share, or the turn a failed member finished.
+        first_turn = f"/root/v{version}/{next(self.names)}.bin"
+        samples = (
+            ()
+            if spec.failed
+            else tuple(self.branch(rollout_id, branch, first_turn) for branch in spec.branches)
+        )
+        files = set().union(*(sample.files for sample in samples))
+        if spec.extra_file:
+            files.add(first_turn)
+        self.every_file |= files
+        self.admitted_units += 1 if spec.failed or not samples else len(samples)
+        return RolloutResult(
+            rollout_id=rollout_id,
+            dispatch_version=version,
+            reward=spec.reward,
+            samples=samples,
+            files=frozenset(files),
+            failed="HTTP 500" if spec.failed else None,
+        )
+
+    def build(self, op: Admit) -> GroupResult:
+        start = max(0, self.next_step - 1 - op.age)
+        rollouts = tuple(self.member(spec, start) for spec in op.members)
+        group_id = f"g{next(self.names)}"
+        self.admission_order[group_id] = len(self.admission_order)
+        return GroupResult(group_id=group_id, start_version=start, rollouts=rollouts)
+
+    def deleted(self, files: list[str]) -> None:
+        assert files == sorted(set(files))
+        queued_files = {path for queued in self.sink.queued() for path in queued.sample.files}
+        for path in files:
+            assert path in self.every_file, f"{path} was never written"
+            self.returned[path] += 1
+            assert self.returned[path] == 1, f"{path} returned twice"
+            assert path not in queued_files, f"{path} returned while a queued sample holds it"
+            if path in self.shipped_files:
+                assert version_of(path) < self.forgotten_below, f"{path} is shipped"
+
+    def check_batch(self, step: int, batch: list[QueuedSample]) -> None:
+        limits = self.sink.limits
+        bound = min_fresh_version(step, self.m)
+        assert all(queued.start_version >= bound for queued in batch)
+        if limits.constant_size:
+            assert len(batch) == limits.batch_size
+        else:
+            assert len(batch) >= limits.batch_size
+        # Whole groups leave the queue (with constant_size, the last one's surplus is pruned).
+        remaining = {queued.group_id for queued in self.sink.queued()}
+        assert not remaining & {queued.group_id for queued in batch}, "a group was split"
+        order = [self.admission_order[queued.group_id] for queued in batch]
+        assert order == sorted(order), "groups were not taken first in, first out"
+        for queued in batch:
+            self.shipped_files |= queued.sample.files
+
+    def check_state(self) -> None:
+        sink = self.sink
+        assert sink.admitted == self.admitted_units
+        accounted = sink.shipped + sink.queued_samples + sink.abandoned
+        assert sink.admitted == accounted + sum(sink.counters.values())
+        assert sink.queued_samples == len(sink.queued())
+        still_pinned = {
+            path for path in self.shipped_files if version_of(path) >= self.forgotten_below
+        }
+        assert sink.refs.pinned_files == len(still_pinned)
+
+    def apply(self, op: Operation) -> None:
+        sink = self.sink
+        if isinstance(op, Admit):
+            self.deleted(sink.admit(self.build(op), self.next_step))
+        elif isinstance(op, DropStale):
+            self.deleted(sink.drop_stale(self.next_step))
+        elif not sink.ready(self.next_step):
+            before = (sink.queued(), sink.counters)
+            with pytest.raises(SinkNotReady):
+                sink.assemble(self.next_step)
+            assert (sink.queued(), sink.counters) == before
+        else:
+            step = self.next_step
+            batch, files = sink.assemble(step)
+            self.check_batch(step, batch)
+            self.deleted(files)
+            self.next_step += 1
+            if op.collect:
+                # The trainer read batch `step` and published v{step}; the collector then
+                # removed every v<k> below min_fresh_version(step + 1, m).
+                bound = min_fresh_version(step + 1, self.m)
+                sink.forget_versions_below(bound)
+                self.forgotten_below = max(self.forgotten_below, bound)
+        self.check_state()
+
+
+@settings(max_examples=150, deadline=None)
+@given(limits=limits, ops=st.lists(operations, min_size=20, max_size=40))
+def test_sink_invariants_hold_over_random_runs(limits: SinkLimits, ops: list[Operation]) -> None:
+    run = Run(TrainSink(limits))
+    for op in ops:
+        run.apply(op)
+
+    # Shown by --hypothesis-show-statistics: most runs should ship several batches.
+    event(f"shipped samples: {min(run.sink.shipped, 10)}{'+' if run.sink.shipped > 10 else ''}")
+    run.deleted(run.sink.drop_all())
+    run.check_state()
+    assert run.sink.refs.held_files == 0
+    for path in run.every_file:
+        if path not in run.shipped_files:
+            assert run.returned[path] == 1, f"{path} leaked"
+        elif version_of(path) >= run.forgotten_below:
+            assert run.returned[path] == 0
