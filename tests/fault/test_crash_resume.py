@@ -1,0 +1,346 @@
+"""Crash safety: the daemon is SIGKILLed at random moments and restarted, like on a cluster.
+
+Everything runs as a separate process: two `sim-inference` servers, the `sim-trainer`,
+and the daemon (`orchestrator run`), which the test kills with SIGKILL `--kills` times
+(default 20) and restarts each time. The kill moments come from `random.Random(SEED)`
+and are aimed at four phases: start-up (before dispatching begins), mid-dispatch, right
+after a batch (or its temp directory) appears, and during a payload collection (while the
+collector's lock is held). After the last kill the daemon runs to the end, and the run
+must look as if nothing had happened: every batch shipped exactly once and never
+rewritten, the trainer read every payload, nothing below the bound is left, and nothing
+outside the payload root was touched.
+
+To reproduce a failure, run the same seed and `--kills`; the daemon's log of each life is
+in `<tmp_path>/logs/daemon-NNN.log`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import attrs
+from _fault_kit import (
+    Children,
+    orchestrator_command,
+    plant_tree,
+    snapshot_tree,
+    start_sim_server,
+    urls_override,
+    write_run_config,
+)
+from payload_gc import min_fresh_version
+
+from orchestrator.batches import PARTIAL_BATCH_PREFIX, shipped_steps
+from orchestrator.config import Config
+from orchestrator.progress import PROGRESS_FILE
+from orchestrator.weights import published_versions
+
+SEED = 20261129
+PHASES = ("startup", "dispatch", "batch", "collection")
+# How often the harness looks at the run's files while it waits for a kill moment.
+POLL_S = 0.002
+# A daemon that reaches none of its phases in this long is stuck, not slow.
+PHASE_DEADLINE_S = 60.0
+FINAL_RUN_DEADLINE_S = 120.0
+VERSION_DIR = re.compile(r"v([0-9]+)")
+# payload_gc's own entries in a payload root: its marker and its control directory.
+CONTROL_NAMES = (".payload-root", ".payload-gc")
+
+
+@attrs.frozen
+class KillPlan:
+    """Where one kill is aimed: a phase, and how long after its trigger to strike.
+
+    `on_partial` (batch phase only): strike as soon as the batch's temp directory
+    exists, before it is renamed into place, rather than once the batch is complete.
+    """
+
+    phase: str
+    delay_s: float
+    on_partial: bool = False
+
+
+def draw_kill_plans(rng: random.Random, kills: int) -> list[KillPlan]:
+    """`kills` plans, the phases in equal shares and shuffled, delays drawn per phase."""
+    phases = [PHASES[i % len(PHASES)] for i in range(kills)]
+    rng.shuffle(phases)
+    plans = []
+    for phase in phases:
+        if phase == "startup":
+            # From spawn: the interpreter's imports take ~1 s, then the start-up sync (the
+            # wait for the last shipped version, its update and collection) until
+            # dispatching starts, ~1.5-2.5 s after spawn on an idle machine. Alternate
+            # between the two, so some kills surely land before dispatching.
+            early = sum(p.phase == "startup" for p in plans) % 2 == 0
+            plans.append(KillPlan(phase, rng.uniform(0.0, 1.0) if early else rng.uniform(1.0, 2.5)))
+        elif phase == "dispatch":
+            plans.append(KillPlan(phase, rng.uniform(0.02, 0.6)))
+        elif phase == "batch":
+            plans.append(KillPlan(phase, rng.uniform(0.0, 0.01), on_partial=rng.random() < 0.5))
+        else:
+            plans.append(KillPlan(phase, rng.uniform(0.0, 0.01)))
+    return plans
+
+
+@attrs.frozen
+class KillRecord:
+    """What the harness saw at one kill."""
+
+    index: int
+    plan: KillPlan
+    triggered: bool  # the planned trigger fired (start-up: dispatching had not begun)
+    after_s: float  # since the daemon was spawned
+    shipped_before: int
+    shipped_after: int
+    partial_batch_left: bool
+    collection_lock_held: bool
+    startup_sync_began: bool  # the daemon had logged that it was resuming
+
+
+@attrs.define
+class BatchLedger:
+    """Each batch.json's identity (inode, mtime) the first time it is seen; a shipped
+    batch is never rewritten, so the identity must never change."""
+
+    batches_dir: Path
+    identities: dict[int, tuple[int, int]] = attrs.field(factory=dict)
+    rewritten: list[str] = attrs.field(factory=list)
+
+    def scan(self) -> int:
+        """Record new batches, note rewritten ones; return the highest step shipped."""
+        for step in shipped_steps(self.batches_dir):
+            try:
+                stat = (self.batches_dir / f"step_{step:06d}" / "batch.json").stat()
+            except FileNotFoundError:
+                self.rewritten.append(f"batch {step} disappeared")
+                continue
+            identity = (stat.st_ino, stat.st_mtime_ns)
+            first = self.identities.setdefault(step, identity)
+            if first != identity:
+                self.rewritten.append(f"batch {step}: {first} -> {identity}")
+        return max(self.identities, default=0)
+
+
+@attrs.frozen
+class RunFiles:
+    """Where the harness looks for the daemon's phases."""
+
+    config: Config
+
+    def dispatching_pid(self) -> int | None:
+        """The pid in progress.json: the daemon saves it right before dispatching starts."""
+        try:
+            progress = json.loads((self.config.state_dir / PROGRESS_FILE).read_bytes())
+            return int(progress["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def partial_batch_present(self) -> bool:
+        try:
+            with os.scandir(self.config.batches_dir) as entries:
+                return any(entry.name.startswith(PARTIAL_BATCH_PREFIX) for entry in entries)
+        except FileNotFoundError:
+            return False
+
+    def collection_lock_pid(self) -> int | None:
+        """The pid of the collector holding `<root>/.payload-gc/lock`, if one does."""
+        try:
+            raw = (self.config.payload_root / ".payload-gc" / "lock").read_bytes()
+            return int(json.loads(raw)["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def run_lives(
+    children: Children,
+    config_path: Path,
+    files: RunFiles,
+    ledger: BatchLedger,
+    plans: list[KillPlan],
+    max_steps: int,
+) -> list[KillRecord]:
+    """Spawn the daemon once per plan and SIGKILL it at the planned moment."""
+    records = []
+    for index, plan in enumerate(plans):
+        daemon = children.spawn(
+            f"daemon-{index:03d}", orchestrator_command("run", "--config", str(config_path))
+        )
+        spawned = time.monotonic()
+        shipped_before = ledger.scan()
+        triggered = wait_for_kill_moment(children, daemon, plan, files, ledger, max_steps)
+        lock_held = files.collection_lock_pid() == daemon.pid
+        if plan.phase == "startup":
+            triggered = files.dispatching_pid() != daemon.pid
+        daemon.kill()
+        daemon.wait()
+        records.append(
+            KillRecord(
+                index=index,
+                plan=plan,
+                triggered=triggered,
+                after_s=round(time.monotonic() - spawned, 3),
+                shipped_before=shipped_before,
+                shipped_after=ledger.scan(),
+                partial_batch_left=files.partial_batch_present(),
+                collection_lock_held=lock_held,
+                startup_sync_began='"resuming"' in children.log_text(daemon),
+            )
+        )
+    return records
+
+
+def wait_for_kill_moment(
+    children: Children,
+    daemon: subprocess.Popen[bytes],
+    plan: KillPlan,
+    files: RunFiles,
+    ledger: BatchLedger,
+    max_steps: int,
+) -> bool:
+    """Wait until `plan`'s trigger fires (and its delay passes); return whether it fired.
+
+    A batch kill planned once every batch has shipped waits for a collection instead.
+    Raises AssertionError when the daemon exits on its own or reaches no phase in time.
+    """
+    spawned = time.monotonic()
+    shipped_at_spawn = ledger.scan()
+    phase = plan.phase
+    if phase == "batch" and shipped_at_spawn >= max_steps:
+        phase = "collection"
+    fired_at: float | None = spawned if phase == "startup" else None
+    while True:
+        now = time.monotonic()
+        if fired_at is not None and now - fired_at >= plan.delay_s:
+            return True
+        code = daemon.poll()
+        assert code is None, f"the daemon exited with {code} before its planned kill ({plan}); " + (
+            "the run finished: raise max_steps for this many kills"
+            if code == 0
+            else "log:\n" + children.log_tail(daemon)
+        )
+        assert now - spawned < PHASE_DEADLINE_S, (
+            f"the daemon reached no {phase} phase in {PHASE_DEADLINE_S} s; log:\n"
+            + children.log_tail(daemon)
+        )
+        shipped = ledger.scan()
+        if fired_at is None and (
+            (phase == "dispatch" and files.dispatching_pid() == daemon.pid)
+            or (phase == "batch" and shipped > shipped_at_spawn)
+            or (phase == "batch" and plan.on_partial and files.partial_batch_present())
+            or (phase == "collection" and files.collection_lock_pid() == daemon.pid)
+        ):
+            fired_at = now
+            continue
+        time.sleep(POLL_S)
+
+
+def version_dirs(root: Path) -> list[int]:
+    """The k of every `v<k>` entry directly in `root`."""
+    return sorted(int(p.name[1:]) for p in root.iterdir() if VERSION_DIR.fullmatch(p.name))
+
+
+def payload_files(root: Path) -> list[Path]:
+    """Every file below `root` except payload_gc's own (its marker, lock and audit log)."""
+    return [
+        path.relative_to(root)
+        for path in root.rglob("*")
+        if not path.is_dir() and path.relative_to(root).parts[0] not in CONTROL_NAMES
+    ]
+
+
+def version_of(relative: Path) -> int:
+    """k when `relative` is `v<k>/<file>`; -1 (below every bound) for anything else."""
+    match = VERSION_DIR.fullmatch(relative.parts[0])
+    return int(match.group(1)) if match and len(relative.parts) == 2 else -1
+
+
+def test_sigkilled_daemon_resumes_without_loss_reshipping_or_stray_deletion(
+    tmp_path: Path, children: Children, kills: int
+) -> None:
+    rng = random.Random(SEED)
+    plans = draw_kill_plans(rng, kills)
+    # Enough steps that kills aimed at new batches do not run out of them.
+    max_steps = max(14, math.ceil(kills * 0.7))
+    m = 2
+    servers = [start_sim_server(children, f"server-{i}") for i in range(2)]
+    run_dir = tmp_path / "run"
+    config_path = tmp_path / "run.toml"
+    config = write_run_config(
+        config_path,
+        run_dir,
+        f"max_steps={max_steps}",
+        f"staleness.max_off_policy_steps={m}",
+        "staleness.max_async_steps=1",
+        "sim.inference_servers=0",
+        "sim.trainer=false",
+        urls_override([server.url for server in servers]),
+        "inference.request_timeout_s=5.0",
+    )
+    sentinel_beside = plant_tree(tmp_path / "beside-the-run")
+    sentinel_inside = plant_tree(run_dir / "keep")
+    trainer = children.spawn(
+        "trainer", orchestrator_command("sim-trainer", "--config", str(config_path))
+    )
+
+    files = RunFiles(config)
+    ledger = BatchLedger(config.batches_dir)
+    records = run_lives(children, config_path, files, ledger, plans, max_steps)
+
+    final = children.spawn(
+        "daemon-final", orchestrator_command("run", "--config", str(config_path))
+    )
+    try:
+        final_code = final.wait(timeout=FINAL_RUN_DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        final_code = None
+    assert final_code == 0, f"final run: exit {final_code}; log:\n{children.log_tail(final, 30)}"
+    assert trainer.wait(timeout=30) == 0, children.log_tail(trainer)
+    ledger.scan()
+
+    killed = "\n".join(str(record) for record in records)
+    # Shown with `pytest -s`: where each kill landed.
+    print(f"\n{len(records)} kills over {max_steps} steps:\n{killed}")
+    # At least `kills` kills, and each phase was hit at least once as planned.
+    assert len(records) == kills
+    if kills >= len(PHASES):
+        for phase in PHASES:
+            assert any(r.triggered and r.plan.phase == phase for r in records), (
+                f"no kill landed in the {phase} phase:\n{killed}"
+            )
+
+    # The trainer saw no missing or corrupt payload, and trained on every step 1..N.
+    report = json.loads((run_dir / "trainer" / "report.json").read_text())
+    assert report["violations"] == [], report["violations"]
+    assert report["first_step"] == 1 and report["last_step"] == max_steps
+    assert report["steps"] == max_steps
+    assert published_versions(config.weights_dir) == list(range(1, max_steps + 1))
+
+    # Batches 1..N each shipped once: exactly those complete directories, none rewritten,
+    # and no temp directory of a publish cut short is left.
+    assert shipped_steps(config.batches_dir) == list(range(1, max_steps + 1))
+    assert ledger.rewritten == [], f"{ledger.rewritten}\n{killed}"
+    assert not files.partial_batch_present()
+
+    # After the final collection, nothing below the bound remains, and every payload file
+    # left lies directly in a v<k> at or above it.
+    bound = min_fresh_version(max_steps + 1, m)
+    left = version_dirs(config.payload_root)
+    assert all(k >= bound for k in left), f"left below v{bound}: {sorted(left)}"
+    misplaced = [
+        str(path) for path in payload_files(config.payload_root) if version_of(path) < bound
+    ]
+    assert misplaced == [], misplaced
+
+    # Nothing outside the payload root was touched.
+    assert snapshot_tree(tmp_path / "beside-the-run") == sentinel_beside
+    assert snapshot_tree(run_dir / "keep") == sentinel_inside
+
+    # The servers stayed up through it all.
+    assert all(server.process.poll() is None for server in servers)
