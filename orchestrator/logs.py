@@ -9,6 +9,10 @@ from typing import Any
 import structlog
 
 
+def _stderr_logger(*_args: Any) -> structlog.PrintLogger:
+    return structlog.PrintLogger(sys.stderr)
+
+
 def configure_logging(*, json_lines: bool | None = None, level: int = logging.INFO) -> None:
     """Configure structlog (and stdlib logging, which httpx uses) to render the same way.
 
@@ -29,7 +33,9 @@ def configure_logging(*, json_lines: bool | None = None, level: int = logging.IN
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # Look sys.stderr up at each logger's creation, not once here: a process (or a
+        # test run) may replace it after logging is configured.
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
     handler = logging.StreamHandler(sys.stderr)
