@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import attrs
+import pytest
 from _fault_kit import (
     Children,
     orchestrator_command,
@@ -261,6 +262,7 @@ def version_of(relative: Path) -> int:
     return int(match.group(1)) if match and len(relative.parts) == 2 else -1
 
 
+@pytest.mark.slow
 def test_sigkilled_daemon_resumes_without_loss_reshipping_or_stray_deletion(
     tmp_path: Path, children: Children, kills: int
 ) -> None:

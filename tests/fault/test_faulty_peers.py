@@ -140,6 +140,7 @@ def events(logs: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, An
     return [entry for entry in logs if entry.get("event") == name]
 
 
+@pytest.mark.slow
 async def test_faulty_fleet_completes_counts_failures_and_never_trains_on_bad_payloads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from _fault_kit import (
     Children,
     SimServer,
@@ -29,7 +30,7 @@ from orchestrator.batches import shipped_steps
 from orchestrator.config import Config
 
 # How long a server stays dead before it is restarted on its port.
-OUTAGE_S = 3.0
+OUTAGE_S = 2.0
 UNAVAILABLE_DEADLINE_S = 3.0
 REQUEST_TIMEOUT_S = 2.0
 # Once every server is gone, the daemon must give up within this long: its deadline, a
@@ -86,6 +87,7 @@ def health(server: SimServer) -> dict[str, object]:
     return body
 
 
+@pytest.mark.slow
 def test_server_killed_and_restarted_on_its_port_is_counted_not_fatal(
     tmp_path: Path, children: Children
 ) -> None:
@@ -96,7 +98,13 @@ def test_server_killed_and_restarted_on_its_port_is_counted_not_fatal(
         for i, port in enumerate(ports)
     ]
     config_path, config = outage_config(
-        tmp_path, [s.url for s in servers], f"max_steps={steps}", "inference.max_inflight=8"
+        tmp_path,
+        [s.url for s in servers],
+        f"max_steps={steps}",
+        "inference.max_inflight=8",
+        # The trainer sets the pace (a step per half second at most), so the run is still
+        # going when the restarted server is up, however slowly its interpreter starts.
+        "sim.train_time_s=0.5",
     )
     summary = tmp_path / "summary.json"
     daemon = start_daemon(children, config_path, summary)
@@ -109,8 +117,8 @@ def test_server_killed_and_restarted_on_its_port_is_counted_not_fatal(
     assert restarted.url == servers[1].url
 
     shipped_when_back = len(shipped_steps(config.batches_dir))
-    # Shown with `pytest -s`: how much of the run was left when the server came back.
-    print(f"\nbatches shipped when server-1 came back: {shipped_when_back} of {steps}")
+    # Shown with `pytest -s`: how much of the run was left when the server was up again.
+    print(f"\nbatches shipped when server-1 was up again: {shipped_when_back} of {steps}")
     assert shipped_when_back < steps - 1, "the run ended before the server came back"
 
     code = wait_for_exit(daemon, 120)
@@ -142,6 +150,7 @@ def assert_one_clear_error_line(stderr: str) -> str:
     return plain[0]
 
 
+@pytest.mark.slow
 def test_all_servers_gone_mid_run_stops_the_daemon_with_one_clear_line(
     tmp_path: Path, children: Children
 ) -> None:
@@ -169,6 +178,7 @@ def test_all_servers_gone_mid_run_stops_the_daemon_with_one_clear_line(
     assert took >= UNAVAILABLE_DEADLINE_S * 0.5, f"gave up after only {took:.1f} s"
 
 
+@pytest.mark.slow
 def test_servers_that_never_answer_stop_the_daemon_with_one_clear_line(
     tmp_path: Path, children: Children
 ) -> None:
