@@ -114,12 +114,7 @@ def operations(m: int) -> st.SearchStrategy[Operation]:
         Admit, age=ages, members=st.lists(members, min_size=2, max_size=4).map(tuple)
     )
     assembles = st.builds(Assemble, collect=st.booleans())
-    kinds: list[st.SearchStrategy[Operation]] = [
-        *[admits] * 4,
-        *[assembles] * 2,
-        st.just(DropStale()),
-    ]
-    return st.sampled_from(kinds).flatmap(lambda kind: kind)
+    return weighted([(admits, 4), (assembles, 2), (st.just(DropStale()), 1)])
 
 
 @st.composite
