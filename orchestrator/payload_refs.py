@@ -21,14 +21,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from pathlib import PurePosixPath
 
 import attrs
 from payload_gc import parse_version
 
 
 def _parent_dir(path: str) -> str:
-    return str(PurePosixPath(path).parent)
+    # String work, not pathlib: this runs for every file of every group admitted (pathlib
+    # made it the sink's main cost). Only consistency matters: pins are stored and looked
+    # up under the same key, and `drop_versions_below` reads the key's last component.
+    return path.rpartition("/")[0]
 
 
 @attrs.define
@@ -114,7 +116,7 @@ class PayloadRefs:
         """
         dropped = 0
         for directory in list(self._pinned):
-            version = parse_version(PurePosixPath(directory).name)
+            version = parse_version(directory.rpartition("/")[2])
             if version is not None and version < bound:
                 dropped += len(self._pinned.pop(directory))
         return dropped
