@@ -504,3 +504,23 @@ def test_forget_versions_below_drops_pins_of_collected_versions() -> None:
     assert not sink.refs.is_pinned(path("a", 2))
     assert sink.refs.is_pinned(path("b", 3))
     assert sink.refs.pinned_files == 1
+
+
+def test_an_empty_sink_reports_nothing_queued() -> None:
+    sink = TrainSink(LIMITS)
+
+    assert (sink.queued_samples, sink.queued_groups, sink.oldest_start_version) == (0, 0, None)
+    assert sink.counters == counts()
+    assert not sink.ready(1)
+    assert sink.drop_stale(1) == []
+    assert sink.drop_all() == []
+
+
+def test_counters_are_a_copy() -> None:
+    sink = TrainSink(LIMITS)
+    snapshot = sink.counters
+
+    sink.admit(group("g", 0, simple("a", 1.0, k=0)), NEXT_STEP)
+
+    assert snapshot == counts()
+    assert sink.counters == counts(stale=1)
