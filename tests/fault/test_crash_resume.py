@@ -38,7 +38,7 @@ from _fault_kit import (
 )
 from payload_gc import min_fresh_version
 
-from orchestrator.batches import PARTIAL_BATCH_PREFIX, shipped_steps
+from orchestrator.batches import BATCH_FILE, PARTIAL_BATCH_PREFIX, batch_step_dir, shipped_steps
 from orchestrator.config import Config
 from orchestrator.progress import PROGRESS_FILE
 from orchestrator.weights import published_versions
@@ -61,11 +61,15 @@ class KillPlan:
 
     `on_partial` (batch phase only): strike as soon as the batch's temp directory
     exists, before it is renamed into place, rather than once the batch is complete.
+    `in_sync` (start-up phase only): count the delay from the daemon's `resuming` log
+    line, so the kill lands in the start-up sync (the wait for the last shipped version,
+    its update and collection) rather than in the interpreter's imports.
     """
 
     phase: str
     delay_s: float
     on_partial: bool = False
+    in_sync: bool = False
 
 
 def draw_kill_plans(rng: random.Random, kills: int) -> list[KillPlan]:
@@ -75,12 +79,11 @@ def draw_kill_plans(rng: random.Random, kills: int) -> list[KillPlan]:
     plans = []
     for phase in phases:
         if phase == "startup":
-            # From spawn: the interpreter's imports take ~1 s, then the start-up sync (the
-            # wait for the last shipped version, its update and collection) until
-            # dispatching starts, ~1.5-2.5 s after spawn on an idle machine. Alternate
-            # between the two, so some kills surely land before dispatching.
-            early = sum(p.phase == "startup" for p in plans) % 2 == 0
-            plans.append(KillPlan(phase, rng.uniform(0.0, 1.0) if early else rng.uniform(1.0, 2.5)))
+            # The interpreter's imports take ~1 s from spawn, the start-up sync a few
+            # hundred ms after them. Alternate between the two.
+            in_sync = sum(p.phase == "startup" for p in plans) % 2 == 1
+            delay = rng.uniform(0.0, 0.15) if in_sync else rng.uniform(0.0, 1.0)
+            plans.append(KillPlan(phase, delay, in_sync=in_sync))
         elif phase == "dispatch":
             plans.append(KillPlan(phase, rng.uniform(0.02, 0.6)))
         elif phase == "batch":
@@ -118,7 +121,7 @@ class BatchLedger:
         """Record new batches, note rewritten ones; return the highest step shipped."""
         for step in shipped_steps(self.batches_dir):
             try:
-                stat = (self.batches_dir / f"step_{step:06d}" / "batch.json").stat()
+                stat = (batch_step_dir(self.batches_dir, step) / BATCH_FILE).stat()
             except FileNotFoundError:
                 self.rewritten.append(f"batch {step} disappeared")
                 continue
@@ -215,7 +218,7 @@ def wait_for_kill_moment(
     phase = plan.phase
     if phase == "batch" and shipped_at_spawn >= max_steps:
         phase = "collection"
-    fired_at: float | None = spawned if phase == "startup" else None
+    fired_at: float | None = spawned if phase == "startup" and not plan.in_sync else None
     while True:
         now = time.monotonic()
         if fired_at is not None and now - fired_at >= plan.delay_s:
@@ -231,8 +234,12 @@ def wait_for_kill_moment(
             + children.log_tail(daemon)
         )
         shipped = ledger.scan()
+        if fired_at is None and phase == "startup" and files.dispatching_pid() == daemon.pid:
+            # A fresh run has no start-up sync: strike now (it counts as a missed aim).
+            return True
         if fired_at is None and (
-            (phase == "dispatch" and files.dispatching_pid() == daemon.pid)
+            (phase == "startup" and '"resuming"' in children.log_text(daemon))
+            or (phase == "dispatch" and files.dispatching_pid() == daemon.pid)
             or (phase == "batch" and shipped > shipped_at_spawn)
             or (phase == "batch" and plan.on_partial and files.partial_batch_present())
             or (phase == "collection" and files.collection_lock_pid() == daemon.pid)
