@@ -13,6 +13,12 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS = [
     "gc_vs_rm.py",
     "by_handle_vs_inline.py",
+    # System benchmarks (issue 6): the daemon end to end, servers and trainer as processes.
+    "system_throughput.py",
+    "system_memory.py",
+    "system_disk.py",
+    # The longest (builds 2 x 1,000,000 files): last.
+    "system_startup.py",
 ]
 
 

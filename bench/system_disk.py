@@ -1,0 +1,348 @@
+"""Disk over a long run: payload bytes on disk at every step, with and without early deletion.
+
+Two runs of the same workload (200 steps by default; the demo's shape of 48 layers top-8
+of 128 experts and its staleness limits, max_off_policy_steps 2 and max_async_steps 1,
+with shorter prompts and turns and no train time so it runs in minutes):
+
+1. **as built**: the daemon deletes the files of discarded and swept rollouts at once
+   (DESIGN §6), and the collector removes versions below the bound (DESIGN §3);
+2. **early deletion off**: the same daemon with its discard/sweep deletions skipped, so
+   only the collector frees space. There is no switch for this: the benchmark wraps the
+   daemon's one deletion method (`Daemon._delete`) in this process and skips the
+   "discard" and "sweep" paths; nothing in the daemon is edited.
+
+In run 1 the wrapper also records, per version directory, the bytes that discards and
+sweeps deleted, so the no-early-deletion curve can be *reconstructed* from run 1 alone:
+at each step, on-disk bytes plus the early-deleted bytes of versions still at or above
+the current collection bound (those below it the collector would have removed by then
+anyway). The reconstruction and the measured run 2 are drawn together in
+docs/disk_per_step.png.
+
+The payload root's bytes per step are the larger of a walk of the tree after every
+shipped batch and the daemon's own measurements during the step (it also measures the
+root before every collection).
+
+    uv run --frozen --group bench python bench/system_disk.py [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+import trio
+from _report import git_revision, machine, write_section
+from payload_gc import parse_version
+from system_fleet import (
+    REPO,
+    ModelShape,
+    demo_config,
+    pin_self,
+    plan_cores,
+    quiet_daemon_logs,
+    run_overrides,
+    sim_servers,
+    sim_trainer,
+    stamp,
+)
+
+from orchestrator.daemon import Daemon, RunOutcome, run_daemon
+from orchestrator.payload_disk import tree_bytes
+from orchestrator.run_state import RunState
+
+PLOT = REPO / "docs" / "disk_per_step.png"
+SHAPE = ModelShape(layers=48, top_k=8, num_experts=128)
+MAX_OFF_POLICY_STEPS, MAX_ASYNC_STEPS = 2, 1
+PEAK_WITHIN = MAX_OFF_POLICY_STEPS + MAX_ASYNC_STEPS + 2
+TARGET_OVERSHOOT = 0.10
+EARLY_PATHS = ("discard", "sweep")
+
+
+@attrs.define
+class EarlyDeletions:
+    """Whether discard/sweep deletions happen, and the bytes they freed per version."""
+
+    enabled: bool = True
+    bytes_by_version: Counter[int] = attrs.field(factory=Counter)
+
+    def bytes_at_or_above(self, bound: int | None) -> int:
+        return sum(b for version, b in self.bytes_by_version.items() if version >= (bound or 0))
+
+
+EARLY = EarlyDeletions()
+_DAEMON_DELETE = Daemon._delete
+
+
+def sizes_by_version(paths: Sequence[str]) -> Counter[int]:
+    """Bytes of the files at `paths`, summed by their `v<k>` directory. Blocking."""
+    sizes: Counter[int] = Counter()
+    for path in paths:
+        version = parse_version(Path(path).parent.name)
+        try:
+            size = Path(path).lstat().st_size
+        except FileNotFoundError:
+            continue
+        if version is not None:
+            sizes[version] += size
+    return sizes
+
+
+async def _observed_delete(self: Daemon, files: Sequence[str], path: str) -> None:
+    """The daemon's deletion, observed (bytes per version) and, when off, skipped."""
+    if path in EARLY_PATHS and files:
+        sizes = await trio.to_thread.run_sync(sizes_by_version, list(files))
+        if not EARLY.enabled:
+            return
+        EARLY.bytes_by_version.update(sizes)
+    await _DAEMON_DELETE(self, files, path)
+
+
+@attrs.frozen
+class DiskSample:
+    step: int
+    on_disk: int
+    files: int
+    bound: int | None
+    reconstructed: int  # on disk + early-deleted bytes the collector would still hold
+
+
+@attrs.frozen
+class RunResult:
+    samples: list[DiskSample]
+    outcome: RunOutcome
+    seconds: float
+
+
+async def _run(overrides: list[str], label: str, steps: int) -> RunResult:
+    config = demo_config(overrides)
+    samples: list[DiskSample] = []
+    outcome: list[RunOutcome] = []
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+
+        async def daemon(task_status: trio.TaskStatus[RunState]) -> None:
+            outcome.append(await run_daemon(config, task_status=task_status))
+            nursery.cancel_scope.cancel()
+
+        state: RunState = await nursery.start(daemon)
+        shipped = state.next_step - 1
+        # The daemon measures the root itself after each batch and before each collection
+        # (into `payload_bytes`); the largest value it reported during a step counts too.
+        daemon_max = 0
+        while not outcome:
+            await state.wait_changed()
+            daemon_max = max(daemon_max, state.payload_bytes)
+            if state.next_step - 1 == shipped:
+                continue
+            shipped = state.next_step - 1
+            bound = state.bound
+            files, walked = await trio.to_thread.run_sync(tree_bytes, config.payload_root)
+            on_disk = max(walked, daemon_max)
+            daemon_max = 0
+            samples.append(
+                DiskSample(shipped, on_disk, files, bound, on_disk + EARLY.bytes_at_or_above(bound))
+            )
+            if shipped % max(steps // 10, 1) == 0:
+                print(
+                    f"{stamp()} {label}: step {shipped}, {on_disk / 1e6:.1f} MB in {files} files",
+                    flush=True,
+                )
+    return RunResult(samples, outcome[0], time.perf_counter() - started)
+
+
+def run_once(label: str, early_deletion: bool, args: argparse.Namespace, base: Path) -> RunResult:
+    global EARLY
+    EARLY = EarlyDeletions(enabled=early_deletion)
+    cores = plan_cores()
+    extra = [
+        f"max_steps={args.steps}",
+        'payload.mode="by_handle"',
+        f"staleness.max_off_policy_steps={MAX_OFF_POLICY_STEPS}",
+        f"staleness.max_async_steps={MAX_ASYNC_STEPS}",
+        "sim.train_time_s=0.0",
+        "trainer.poll_interval_s=0.05",
+        "env.prompt_len_min=32",
+        "env.prompt_len_max=96",
+        "env.max_tokens=32",
+    ]
+    run_dir = base / label.replace(" ", "-")
+    with sim_servers(2, SHAPE, cores.fleet) as urls:
+        overrides = run_overrides(run_dir, urls, SHAPE, extra)
+        with sim_trainer(overrides, cores.fleet, base / f"{label}-trainer.log"):
+            return trio.run(_run, overrides, label, args.steps)
+
+
+def peak_check(samples: list[DiskSample]) -> tuple[int, int, int, float]:
+    """(early peak, its step, later maximum, overshoot ratio - 1)."""
+    early = [s for s in samples if s.step <= PEAK_WITHIN]
+    later = [s for s in samples if s.step > PEAK_WITHIN]
+    peak = max(early, key=lambda s: s.on_disk)
+    later_max = max((s.on_disk for s in later), default=0)
+    return peak.on_disk, peak.step, later_max, later_max / peak.on_disk - 1
+
+
+def draw(as_built: RunResult, without: RunResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
+    ax.plot(
+        [s.step for s in as_built.samples],
+        [s.on_disk / 1e6 for s in as_built.samples],
+        label="as built (discards deleted at once)",
+        color="tab:blue",
+    )
+    ax.plot(
+        [s.step for s in without.samples],
+        [s.on_disk / 1e6 for s in without.samples],
+        label="early deletion off (measured run)",
+        color="tab:red",
+    )
+    ax.plot(
+        [s.step for s in as_built.samples],
+        [s.reconstructed / 1e6 for s in as_built.samples],
+        label="early deletion off (reconstructed from the first run)",
+        color="tab:red",
+        linestyle="--",
+        alpha=0.7,
+    )
+    peak, _, _, _ = peak_check(as_built.samples)
+    ax.axhline(
+        peak * (1 + TARGET_OVERSHOOT) / 1e6,
+        color="grey",
+        linestyle=":",
+        linewidth=1,
+        label=f"as built: early peak + {TARGET_OVERSHOOT:.0%} (limit after step {PEAK_WITHIN})",
+    )
+    ax.axvline(PEAK_WITHIN, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("step (batches shipped)")
+    ax.set_ylabel("payload bytes on disk (MB)")
+    ax.set_title("Payload root on disk per step (max_off_policy_steps 2, max_async_steps 1)")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper right", fontsize="small")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--plot", type=Path, default=PLOT, help="where to draw the curves")
+    args = parser.parse_args()
+    if args.steps <= PEAK_WITHIN + 5:
+        parser.error(f"need --steps > {PEAK_WITHIN + 5}")
+    cores = plan_cores()
+    pin_self(cores.daemon)
+    quiet_daemon_logs()
+    # The wrapper stays in place for both runs; EARLY says what it does.
+    Daemon._delete = _observed_delete  # type: ignore[method-assign]
+    command = "uv run --frozen --group bench python bench/system_disk.py " + " ".join(sys.argv[1:])
+    with tempfile.TemporaryDirectory(prefix="system-disk-", dir=args.dir) as tmp:
+        base = Path(tmp)
+        as_built = run_once("as built", True, args, base)
+        early_bytes = sum(EARLY.bytes_by_version.values())
+        without = run_once("early deletion off", False, args, base)
+    args.plot.parent.mkdir(parents=True, exist_ok=True)
+    draw(as_built, without, args.plot)
+    markdown = report(as_built, without, early_bytes, args, cores.describe(), command)
+    print(markdown)
+    write_section("system_disk", markdown)
+    return 0
+
+
+def report(
+    as_built: RunResult,
+    without: RunResult,
+    early_bytes: int,
+    args: argparse.Namespace,
+    cores: str,
+    command: str,
+) -> str:
+    peak, peak_step, later_max, overshoot = peak_check(as_built.samples)
+    off_peak, off_step, off_later, off_overshoot = peak_check(without.samples)
+    verdict = "met" if overshoot <= TARGET_OVERSHOOT else "MISSED"
+    built_state, off_state = as_built.outcome.state, without.outcome.state
+    final_built, final_off = as_built.samples[-1], without.samples[-1]
+    reconstructed_max = max(s.reconstructed for s in as_built.samples)
+    try:
+        plot_link = args.plot.resolve().relative_to(REPO / "docs")
+    except ValueError:
+        plot_link = args.plot
+
+    def mb(value: float) -> str:
+        return f"{value / 1e6:,.1f} MB"
+
+    rows = [
+        "| | as built | early deletion off (measured) |",
+        "|---|---:|---:|",
+        f"| peak within the first {PEAK_WITHIN} steps | {mb(peak)} (step {peak_step}) | "
+        f"{mb(off_peak)} (step {off_step}) |",
+        f"| maximum after step {PEAK_WITHIN} | {mb(later_max)} ({overshoot:+.1%}) | "
+        f"{mb(off_later)} ({off_overshoot:+.1%}) |",
+        f"| daemon's own peak (`RunState.peak_payload_bytes`) | "
+        f"{mb(built_state.peak_payload_bytes)} | {mb(off_state.peak_payload_bytes)} |",
+        f"| on disk at step {final_built.step} | {mb(final_built.on_disk)} | "
+        f"{mb(final_off.on_disk)} |",
+        f"| bytes written | {mb(built_state.bytes_written)} | {mb(off_state.bytes_written)} |",
+        f"| deleted by discards / sweeps | {mb(built_state.bytes_deleted['discard'])} / "
+        f"{mb(built_state.bytes_deleted['sweep'])} | 0 / 0 |",
+        f"| deleted by the collector | {mb(built_state.bytes_deleted['collection'])} | "
+        f"{mb(off_state.bytes_deleted['collection'])} |",
+        f"| rollouts completed | {built_state.rollouts['completed']:,} | "
+        f"{off_state.rollouts['completed']:,} |",
+        f"| run time | {as_built.seconds:.0f} s | {without.seconds:.0f} s |",
+    ]
+    return "\n".join(
+        [
+            "## System: payload disk over a long run (`bench/system_disk.py`)",
+            "",
+            f"`{command.strip()}` (revision {git_revision()}), on {machine()}.",
+            "",
+            f"Two runs of {args.steps} steps by handle: model {SHAPE.layers} layers "
+            f"top-{SHAPE.top_k} of {SHAPE.num_experts} experts, the demo's mixed environment "
+            "with prompts of 32..96 tokens and 32 tokens per turn, batches of 16 in groups of "
+            f"4, max_off_policy_steps {MAX_OFF_POLICY_STEPS}, max_async_steps "
+            f"{MAX_ASYNC_STEPS}, no train time; 2 local servers and the trainer as separate "
+            f"processes. Cores: {cores}. Bytes on disk per step: the payload root after "
+            "every shipped batch (a walk of the tree in a worker thread), or the daemon's own "
+            "measurement during that step (it also measures before each collection) when "
+            "larger.",
+            "",
+            "*Early deletion off* has no switch in the daemon: the benchmark wraps the "
+            "daemon's deletion method (`Daemon._delete`) in its own process and skips the "
+            '"discard" and "sweep" paths, so only the version collector frees space. In the '
+            "first run the same wrapper records, per version directory, the bytes discards "
+            "and sweeps deleted; the *reconstructed* curve adds to each step's on-disk bytes "
+            "the early-deleted bytes of versions still at or above that step's collection "
+            "bound (the collector would by then have removed those below it, early deletion "
+            "or not). It estimates run 2 from run 1 alone; both are drawn.",
+            "",
+            f"![payload bytes on disk per step]({plot_link})",
+            "",
+            *rows,
+            "",
+            f"- Peak reached within the first {PEAK_WITHIN} steps "
+            f"(max_off_policy_steps + max_async_steps + 2) and never exceeded by more than "
+            f"{TARGET_OVERSHOOT:.0%} afterwards: **{verdict}** (later maximum "
+            f"{overshoot:+.1%} against the early peak).",
+            f"- Early deletion freed {mb(early_bytes)} in the first run; without it the root "
+            f"peaks at {mb(max(off_peak, off_later))} (measured) / "
+            f"{mb(reconstructed_max)} (reconstructed) instead of {mb(max(peak, later_max))}: "
+            f"{max(off_peak, off_later) / max(peak, later_max):.1f}x the disk.",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

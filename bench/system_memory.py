@@ -1,0 +1,249 @@
+"""Memory soak: the daemon's RSS over a long by-handle run, sampled at every shipped batch.
+
+The demo's workload (the "mixed" environment: single-turn and 3-turn rollouts, batches of
+16 in groups of 4, max_off_policy_steps 2, max_async_steps 1, payloads by handle) for
+1,000 steps, with what does not matter for memory shrunk so it runs in minutes: the
+trainer trains in zero time, the model is 4 layers top-8 of 128 experts (the payload
+*files* are smaller; the daemon only ever holds their names and segments), prompts are
+16..64 tokens and turns 16 tokens. The daemon runs in this process (its RSS is this
+process's VmRSS); the servers and the trainer are separate processes.
+
+At every shipped batch it records VmRSS and the sink's payload references (files held by
+queued samples, files pinned by shipped samples not yet collected). Growth is the
+least-squares slope of RSS over steps after the warm-up, per 100 steps; the bytes per
+tracked file are the deep size of the reference table divided by the files it tracks.
+
+    uv run --frozen --group bench python bench/system_memory.py [--steps N] [--warm-up N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import attrs
+import trio
+from _report import git_revision, machine, write_section
+from system_fleet import (
+    ModelShape,
+    demo_config,
+    pin_self,
+    plan_cores,
+    quiet_daemon_logs,
+    rss_bytes,
+    run_overrides,
+    sim_servers,
+    sim_trainer,
+    stamp,
+)
+
+from orchestrator.daemon import Daemon, RunOutcome, run_daemon
+from orchestrator.run_state import RunState
+from orchestrator.sink import TrainSink
+
+TARGET_GROWTH_PER_100_STEPS = 1_000_000
+SHAPE = ModelShape(layers=4, top_k=8, num_experts=128)
+
+
+@attrs.frozen
+class StepSample:
+    step: int
+    seconds: float
+    rss: int
+    held_files: int
+    pinned_files: int
+    refs_bytes: int  # deep size of the sink's reference table
+
+    @property
+    def tracked_files(self) -> int:
+        return self.held_files + self.pinned_files
+
+
+def workload_overrides(steps: int) -> list[str]:
+    return [
+        f"max_steps={steps}",
+        'payload.mode="by_handle"',
+        "sim.train_time_s=0.0",
+        "trainer.poll_interval_s=0.05",
+        "env.prompt_len_min=16",
+        "env.prompt_len_max=64",
+        "env.max_tokens=16",
+    ]
+
+
+def deep_size(root: object) -> int:
+    """Bytes of `root` and every object it reaches (not types, modules or functions)."""
+    seen: set[int] = set()
+    stack = [root]
+    total = 0
+    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, skip):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        stack.extend(gc.get_referents(obj))
+    return total
+
+
+def find_sink(state: RunState) -> TrainSink:
+    """The run's sink, found through the daemon object that holds `state`.
+
+    `run_daemon` hands out only the `RunState`; the sink is reachable from the `Daemon`
+    that refers to the same state, so the garbage collector's referrer list finds it
+    (a benchmark-only shortcut, run once).
+    """
+    for referrer in gc.get_referrers(state):
+        if isinstance(referrer, Daemon):
+            return referrer.sink
+    raise RuntimeError("system_memory: no Daemon refers to the run state")
+
+
+async def _soak(overrides: list[str], progress_every: int) -> tuple[list[StepSample], RunOutcome]:
+    config = demo_config(overrides)
+    samples: list[StepSample] = []
+    outcome: list[RunOutcome] = []
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+
+        async def daemon(task_status: trio.TaskStatus[RunState]) -> None:
+            outcome.append(await run_daemon(config, task_status=task_status))
+            nursery.cancel_scope.cancel()
+
+        state: RunState = await nursery.start(daemon)
+        sink = find_sink(state)
+        shipped = state.next_step - 1
+        while not outcome:
+            await state.wait_changed()
+            if state.next_step - 1 == shipped:
+                continue
+            shipped = state.next_step - 1
+            refs = sink.refs
+            samples.append(
+                StepSample(
+                    step=shipped,
+                    seconds=time.perf_counter() - started,
+                    rss=rss_bytes(),
+                    held_files=refs.held_files,
+                    pinned_files=refs.pinned_files,
+                    refs_bytes=deep_size(refs),
+                )
+            )
+            if shipped % progress_every == 0:
+                last = samples[-1]
+                print(
+                    f"{stamp()} step {shipped}: RSS {last.rss / 2**20:.1f} MiB, tracked files "
+                    f"{last.held_files} held + {last.pinned_files} pinned",
+                    flush=True,
+                )
+    return samples, outcome[0]
+
+
+def slope_per_step(xs: list[int], ys: list[int]) -> float:
+    """Least-squares slope of ys over xs."""
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    num = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True))
+    den = sum((x - mean_x) ** 2 for x in xs)
+    return num / den
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--warm-up", type=int, default=100, help="steps not judged")
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    args = parser.parse_args()
+    if args.steps < args.warm_up + 10:
+        parser.error("need --steps >= --warm-up + 10")
+    cores = plan_cores()
+    pin_self(cores.daemon)
+    quiet_daemon_logs()
+    command = "uv run --frozen --group bench python bench/system_memory.py " + " ".join(
+        sys.argv[1:]
+    )
+    with tempfile.TemporaryDirectory(prefix="system-memory-", dir=args.dir) as tmp:
+        base = Path(tmp)
+        with sim_servers(2, SHAPE, cores.fleet) as urls:
+            overrides = run_overrides(base / "run", urls, SHAPE, workload_overrides(args.steps))
+            with sim_trainer(overrides, cores.fleet, base / "trainer.log"):
+                samples, outcome = trio.run(_soak, overrides, max(args.steps // 20, 1))
+    markdown = report(samples, outcome, args, cores.describe(), command)
+    print(markdown)
+    write_section("system_memory", markdown)
+    return 0
+
+
+def report(
+    samples: list[StepSample],
+    outcome: RunOutcome,
+    args: argparse.Namespace,
+    cores: str,
+    command: str,
+) -> str:
+    steady = [s for s in samples if s.step > args.warm_up]
+    slope = slope_per_step([s.step for s in steady], [s.rss for s in steady])
+    growth = 100 * slope
+    rss_min, rss_max = min(s.rss for s in steady), max(s.rss for s in steady)
+    first, last = steady[0], steady[-1]
+    tracked = [s.tracked_files for s in steady]
+    per_file = [s.refs_bytes / s.tracked_files for s in steady if s.tracked_files]
+    state = outcome.state
+    verdict = "met" if growth < TARGET_GROWTH_PER_100_STEPS else "MISSED"
+    checkpoints = [s for s in samples if s.step in _checkpoints(args.steps)]
+    rows = [
+        "| step | RSS | files held | files pinned | reference table |",
+        "|---:|---:|---:|---:|---:|",
+        *(
+            f"| {s.step} | {s.rss / 2**20:.1f} MiB | {s.held_files} | {s.pinned_files} | "
+            f"{s.refs_bytes / 1024:.0f} KiB |"
+            for s in checkpoints
+        ),
+    ]
+    return "\n".join(
+        [
+            "## System: memory soak (`bench/system_memory.py`)",
+            "",
+            f"`{command.strip()}` (revision {git_revision()}), on {machine()}.",
+            "",
+            f"{len(samples)} steps of the demo's workload by handle (mixed single- and "
+            "3-turn rollouts, batches of 16 in groups of 4, max_off_policy_steps 2, "
+            "max_async_steps 1) with the trainer's train time set to 0 and what does not "
+            f"matter for memory shrunk: model {SHAPE.layers} layers top-{SHAPE.top_k} of "
+            f"{SHAPE.num_experts}, prompts 16..64 tokens, 16 tokens per turn. The daemon runs "
+            "in the benchmark's process, whose VmRSS is sampled at every shipped batch; "
+            f"2 servers and the trainer are separate processes. Cores: {cores}. "
+            f"{state.rollouts['completed']:,} rollouts completed, "
+            f"{sum(state.files_deleted.values()):,} payload files deleted, "
+            f"in {samples[-1].seconds:.0f} s.",
+            "",
+            *rows,
+            "",
+            f"- After a warm-up of {args.warm_up} steps: RSS grows by "
+            f"**{growth / 1e3:+,.1f} kB per 100 steps** (least-squares slope over steps "
+            f"{first.step}..{last.step}; target < {TARGET_GROWTH_PER_100_STEPS / 1e6:.0f} MB: "
+            f"{verdict}); min {rss_min / 2**20:.1f} MiB, max {rss_max / 2**20:.1f} MiB, "
+            f"first {first.rss / 2**20:.1f} MiB, last {last.rss / 2**20:.1f} MiB.",
+            f"- Tracked payload files (held + pinned) after the warm-up: mean "
+            f"{statistics.fmean(tracked):,.0f}, max {max(tracked):,}, last {last.tracked_files:,}: "
+            "bounded, since pins are dropped when the collector removes their version.",
+            f"- The sink's reference table costs **{statistics.fmean(per_file):,.0f} bytes per "
+            f"tracked file** (deep size / files tracked, mean over the steady steps; the path "
+            f"strings included), i.e. {statistics.fmean(per_file) * 1e6 / 2**20:,.0f} MiB per "
+            "million tracked files.",
+        ]
+    )
+
+
+def _checkpoints(steps: int) -> set[int]:
+    return {1, 10, *range(100, steps + 1, max(steps // 10, 1)), steps}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

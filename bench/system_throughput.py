@@ -1,0 +1,391 @@
+"""Orchestrator ceiling: the daemon's rollouts per second on one core, by handle and inline.
+
+Short single-turn rollouts ("math": prompts of 16..32 tokens, max_tokens 8) on a small
+model shape, zero-latency simulated servers and a trainer that trains in zero time, so the
+daemon's own work (dispatch, HTTP client, stitching, admission, batch publishing, the
+collector) is what limits the rate. The daemon runs in this process, pinned to core 0;
+the servers (`orchestrator sim-inference`) and the trainer (`orchestrator sim-trainer`)
+are separate processes pinned to the other core. Every round is a fresh run with fresh
+servers (cold prefix caches alike). After an unreported warm-up round the modes alternate
+by handle, inline, inline, by handle, so drift hits both alike.
+
+Figures per mode: rollouts/s over the steady part of the round (from the first shipped
+batch to the last), and rollouts per CPU-second of the daemon's process, which is the
+daemon's ceiling even when the servers (sharing one core) are what limits the wall-clock
+rate. A last, unreported by-handle round runs under pyinstrument; the top functions by
+own time say where the daemon's time goes.
+
+    uv run --frozen --group bench python bench/system_throughput.py
+        [--steps N] [--batch-size N] [--servers N] [--no-profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+from _report import git_revision, machine, write_section
+from system_fleet import (
+    CorePlan,
+    ModelShape,
+    cpu_seconds,
+    demo_config,
+    pin_self,
+    plan_cores,
+    quiet_daemon_logs,
+    run_overrides,
+    sim_servers,
+    sim_trainer,
+    stamp,
+)
+
+from orchestrator.daemon import RunOutcome, run_daemon
+from orchestrator.run_state import RunState
+
+TARGET_ROLLOUTS_PER_S = 1000.0
+SHAPE = ModelShape(layers=4, top_k=2, num_experts=16)
+ROUNDS = ("warm_up", "by_handle", "inline", "inline", "by_handle")
+TOP_FUNCTIONS = 15
+PROFILE_INTERVAL_S = 0.001
+# The event loop waiting for I/O: time the daemon had nothing to do.
+IDLE = "idle (trio waiting in epoll)"
+
+
+@attrs.frozen
+class RoundResult:
+    mode: str
+    rollouts: int  # completed rollouts in the steady window
+    seconds: float  # the steady window
+    cpu_s: float  # the daemon process's CPU time over the same window
+    total_rollouts: int
+    total_s: float
+    outcomes: dict[str, int]
+    discards: dict[str, int]
+
+    @property
+    def rate(self) -> float:
+        return self.rollouts / self.seconds
+
+    @property
+    def per_cpu_second(self) -> float:
+        return self.rollouts / self.cpu_s
+
+
+def workload_overrides(args: argparse.Namespace, mode: str) -> list[str]:
+    return [
+        f"max_steps={args.steps}",
+        'env.name="math"',
+        "env.prompt_len_min=16",
+        "env.prompt_len_max=32",
+        "env.max_tokens=8",
+        "env.max_turns=1",
+        f"batch.size={args.batch_size}",
+        f"batch.group_size={args.group_size}",
+        f"inference.max_inflight={args.max_inflight}",
+        "staleness.max_off_policy_steps=2",
+        "staleness.max_async_steps=2",
+        "sim.train_time_s=0.0",
+        "trainer.poll_interval_s=0.05",
+        f'payload.mode="{mode}"',
+    ]
+
+
+async def _measure(
+    overrides: list[str],
+) -> tuple[list[tuple[float, float, int]], Counter[str], dict[str, int]]:
+    """Run the daemon; sample (wall time, CPU time, completed rollouts) at every shipped batch."""
+    config = demo_config(overrides)
+    samples: list[tuple[float, float, int]] = []
+    async with trio.open_nursery() as nursery:
+        outcome: list[RunOutcome] = []
+
+        async def daemon(task_status: trio.TaskStatus[RunState]) -> None:
+            outcome.append(await run_daemon(config, task_status=task_status))
+            nursery.cancel_scope.cancel()
+
+        state: RunState = await nursery.start(daemon)
+        samples.append((time.perf_counter(), cpu_seconds(), 0))
+        shipped = state.next_step
+        while not outcome:
+            # A cheap poll: waking on every state change would add work to the loop we
+            # measure; 10 ms is fine-grained enough for rounds of several seconds.
+            await trio.sleep(0.01)
+            if state.next_step != shipped:
+                shipped = state.next_step
+                samples.append((time.perf_counter(), cpu_seconds(), state.rollouts["completed"]))
+    final = outcome[0].state
+    return samples, final.rollouts, dict(outcome[0].sink.counters)
+
+
+def run_round(
+    mode: str,
+    args: argparse.Namespace,
+    cores: CorePlan,
+    base: Path,
+    number: int,
+    profiler: Any = None,
+) -> RoundResult:
+    run_dir = base / f"round{number}-{mode}"
+    payload_mode = "by_handle" if mode in ("warm_up", "profile") else mode
+    extra = workload_overrides(args, payload_mode)
+    with sim_servers(args.servers, SHAPE, cores.fleet) as urls:
+        overrides = run_overrides(run_dir, urls, SHAPE, extra)
+        with sim_trainer(overrides, cores.fleet, base / f"trainer{number}.log"):
+            started = time.perf_counter()
+            # Only the daemon's run is profiled, not the fleet's start-up and shutdown.
+            if profiler is not None:
+                profiler.start()
+            try:
+                samples, outcomes, discards = trio.run(_measure, overrides)
+            finally:
+                if profiler is not None:
+                    profiler.stop()
+            total_s = time.perf_counter() - started
+    # The steady window: from the first shipped batch (servers warm, pipeline full) to
+    # the last.
+    (t0, c0, r0), (t1, c1, r1) = samples[1], samples[-1]
+    return RoundResult(
+        mode=mode,
+        rollouts=r1 - r0,
+        seconds=t1 - t0,
+        cpu_s=c1 - c0,
+        total_rollouts=outcomes["completed"],
+        total_s=total_s,
+        outcomes=dict(outcomes),
+        discards=discards,
+    )
+
+
+@attrs.frozen
+class Profile:
+    """Own (self) time of the daemon's main thread, by function and by package."""
+
+    seconds: float
+    rollouts: int
+    functions: list[tuple[float, str]]
+    packages: list[tuple[float, str]]
+    # The daemon's own functions by inclusive time (what they and their callees cost).
+    inclusive: list[tuple[float, str]]
+
+
+def profile_round(args: argparse.Namespace, cores: CorePlan, base: Path) -> Profile:
+    """One by-handle round under pyinstrument (the main thread, sampled every 0.5 ms)."""
+    from pyinstrument import Profiler
+
+    profiler = Profiler(interval=PROFILE_INTERVAL_S, async_mode="disabled")
+    result = run_round("profile", args, cores, base, len(ROUNDS), profiler)
+    session = profiler.last_session
+    root = session.root_frame() if session is not None else None
+    functions: dict[str, float] = {}
+    packages: dict[str, float] = {}
+    inclusive: dict[str, float] = {}
+    stack = [root] if root is not None else []
+    while stack:
+        frame = stack.pop()
+        stack.extend(frame.children)
+        if _package(frame) == "orchestrator" and not _has_ancestor(frame, frame.function):
+            name = _frame_name(frame)
+            inclusive[name] = inclusive.get(name, 0.0) + frame.time
+        own = frame.time - sum(child.time for child in frame.children)
+        if own <= 0:
+            continue
+        # pyinstrument's synthetic "[self]" leaves carry their parent's own time.
+        named = frame.parent if frame.is_synthetic_leaf and frame.parent else frame
+        functions[_frame_name(named)] = functions.get(_frame_name(named), 0.0) + own
+        packages[_package(named)] = packages.get(_package(named), 0.0) + own
+    total = sum(packages.values())
+    return Profile(
+        seconds=total,
+        rollouts=result.total_rollouts,
+        functions=sorted(((t, n) for n, t in functions.items()), reverse=True)[:TOP_FUNCTIONS],
+        packages=sorted(((t, n) for n, t in packages.items()), reverse=True),
+        inclusive=sorted(((t, n) for n, t in inclusive.items()), reverse=True)[:TOP_FUNCTIONS],
+    )
+
+
+def _has_ancestor(frame: Any, function: str) -> bool:
+    """Whether a caller of `frame` is the same function (recursion: counted once)."""
+    parent = frame.parent
+    while parent is not None:
+        if parent.function == function:
+            return True
+        parent = parent.parent
+    return False
+
+
+def _package(frame: Any) -> str:
+    """The top-level package of a frame's file; C functions count for their caller's."""
+    if frame.function == "poll" and "epoll" in str(frame.file_path or "") + frame.function:
+        return IDLE
+    path = str(frame.file_path_short or frame.file_path or "")
+    if not path or path.startswith("<"):
+        if frame.function == "epoll.poll":
+            return IDLE
+        return _package(frame.parent) if frame.parent is not None else "?"
+    return Path(path).parts[0].removesuffix(".py")
+
+
+def _frame_name(frame: Any) -> str:
+    path = str(frame.file_path_short or frame.file_path or "?")
+    if path.startswith("<") and frame.parent is not None:
+        # A C function: name its caller, which is what can be changed.
+        return f"{frame.function} (C) in {_frame_name(frame.parent)}"
+    return f"{frame.function} ({path}:{frame.line_no})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12, help="batches per round")
+    parser.add_argument("--batch-size", type=int, default=128, help="samples per batch")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-inflight", type=int, default=64, help="rollouts in flight")
+    parser.add_argument("--servers", type=int, default=1, help="sim-inference processes")
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiled round")
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    args = parser.parse_args()
+    if args.steps < 3:
+        parser.error("need --steps >= 3 (the steady window starts at the first batch)")
+    cores = plan_cores()
+    pin_self(cores.daemon)
+    quiet_daemon_logs()
+    command = "uv run --frozen --group bench python bench/system_throughput.py " + " ".join(
+        sys.argv[1:]
+    )
+    results: list[RoundResult] = []
+    profile: Profile | None = None
+    with tempfile.TemporaryDirectory(prefix="system-throughput-", dir=args.dir) as tmp:
+        base = Path(tmp)
+        for number, mode in enumerate(ROUNDS):
+            result = run_round(mode, args, cores, base, number)
+            print(
+                f"{stamp()} round {number} {mode:9s}: {result.rate:,.0f} rollouts/s "
+                f"({result.rollouts:,} in {result.seconds:.2f} s), "
+                f"{result.per_cpu_second:,.0f} rollouts per daemon CPU-second, "
+                f"outcomes {result.outcomes}, discards {result.discards}",
+                flush=True,
+            )
+            if mode != "warm_up":
+                results.append(result)
+        if not args.no_profile:
+            print(f"{stamp()} profiling one more by-handle round", flush=True)
+            profile = profile_round(args, cores, base)
+    markdown = report(results, profile, args, cores, command)
+    print(markdown)
+    write_section("system_throughput", markdown)
+    return 0
+
+
+def report(
+    results: list[RoundResult],
+    profile: Profile | None,
+    args: argparse.Namespace,
+    cores: CorePlan,
+    command: str,
+) -> str:
+    def by_mode(mode: str) -> list[RoundResult]:
+        return [r for r in results if r.mode == mode]
+
+    def pooled_rate(rounds: list[RoundResult]) -> float:
+        return sum(r.rollouts for r in rounds) / sum(r.seconds for r in rounds)
+
+    def pooled_cpu(rounds: list[RoundResult]) -> float:
+        return sum(r.rollouts for r in rounds) / sum(r.cpu_s for r in rounds)
+
+    handle, inline = by_mode("by_handle"), by_mode("inline")
+    handle_rate, inline_rate = pooled_rate(handle), pooled_rate(inline)
+    handle_cpu, inline_cpu = pooled_cpu(handle), pooled_cpu(inline)
+    rows = [
+        "| round | mode | rollouts/s | daemon CPU share | rollouts per daemon CPU-s |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    for number, result in enumerate(results, start=1):
+        rows.append(
+            f"| {number} | {result.mode} | {result.rate:,.0f} | "
+            f"{result.cpu_s / result.seconds:.0%} | {result.per_cpu_second:,.0f} |"
+        )
+    met_rate = "met" if handle_rate >= TARGET_ROLLOUTS_PER_S else "MISSED"
+    met_cpu = "met" if handle_cpu >= TARGET_ROLLOUTS_PER_S else "MISSED"
+    met_order = "met" if handle_rate >= inline_rate else "MISSED"
+    lines = [
+        "## System: orchestrator ceiling (`bench/system_throughput.py`)",
+        "",
+        f"`{command.strip()}` (revision {git_revision()}), on {machine()}.",
+        "",
+        f'Single-turn "math" rollouts (prompts 16..32 tokens, max_tokens 8), model '
+        f"{SHAPE.layers} layers top-{SHAPE.top_k} of {SHAPE.num_experts} experts, batches of "
+        f"{args.batch_size} samples in groups of {args.group_size}, max_inflight "
+        f"{args.max_inflight}, max_async_steps 2, {args.steps} batches per round, trainer with "
+        f"zero train time; {args.servers} zero-latency `orchestrator sim-inference` "
+        f"processes. Cores: {cores.describe()}. Each round is a fresh run with fresh "
+        "servers; an unreported warm-up round, then by handle, inline, inline, by handle. "
+        "Rates cover the steady window from the first shipped batch to the last; the CPU "
+        "figure divides by the daemon process's own CPU time (every thread) in that window, "
+        "so it is the daemon's ceiling on one core whatever limits the wall clock.",
+        "",
+        *rows,
+        "",
+        f"- By handle: **{handle_rate:,.0f} rollouts/s** wall clock, "
+        f"**{handle_cpu:,.0f} per daemon CPU-second**; inline: {inline_rate:,.0f} rollouts/s, "
+        f"{inline_cpu:,.0f} per daemon CPU-second.",
+        f"- Target >= {TARGET_ROLLOUTS_PER_S:,.0f} rollouts/s by handle: wall clock {met_rate}, "
+        f"per daemon CPU-second {met_cpu}; by handle at least as fast as inline: {met_order} "
+        f"(ratio {handle_rate / inline_rate:.2f}, CPU ratio {handle_cpu / inline_cpu:.2f}).",
+        f"- Median round-to-round spread: by handle "
+        f"{_spread([r.rate for r in handle]):.0%}, inline {_spread([r.rate for r in inline]):.0%}.",
+    ]
+    if profile is not None:
+        busy = profile.seconds - sum(t for t, name in profile.packages if name == IDLE)
+        lines += [
+            "",
+            f"Where the daemon's time goes: pyinstrument on one extra by-handle round "
+            f"({profile.rollouts:,} rollouts, main thread sampled every "
+            f"{PROFILE_INTERVAL_S * 1000:.0f} ms, {profile.seconds:.1f} s recorded, "
+            f"{busy:.1f} s busy = {1000 * busy / profile.rollouts:.2f} ms per rollout; the "
+            "profiler's hooks slow the daemon several times over, so read the shares, not "
+            "the seconds). Own time by package (C functions count for their caller's "
+            "package):",
+            "",
+            "| own time | share | package |",
+            "|---:|---:|---|",
+            *(
+                f"| {t:.2f} s | {t / profile.seconds:.1%} | {name} |"
+                for t, name in profile.packages[:10]
+            ),
+            "",
+            "Top functions by own time:",
+            "",
+            "| own time | share | function |",
+            "|---:|---:|---|",
+            *(
+                f"| {t:.2f} s | {t / profile.seconds:.1%} | `{name}` |"
+                for t, name in profile.functions
+            ),
+            "",
+            "The daemon's own functions by inclusive time (their callees included):",
+            "",
+            "| inclusive time | share | function |",
+            "|---:|---:|---|",
+            *(
+                f"| {t:.2f} s | {t / profile.seconds:.1%} | `{name}` |"
+                for t, name in profile.inclusive
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def _spread(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    return (max(values) - min(values)) / statistics.mean(values)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
