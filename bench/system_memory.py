@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
 import types
 from pathlib import Path
 
@@ -49,6 +50,8 @@ from orchestrator.sink import TrainSink
 
 TARGET_GROWTH_PER_100_STEPS = 1_000_000
 SHAPE = ModelShape(layers=4, top_k=8, num_experts=128)
+TRACE_SITES = 12
+TRACE_DEPTH = 12  # frames kept per allocation: enough to reach the daemon's own code
 
 
 @attrs.frozen
@@ -106,7 +109,30 @@ def find_sink(state: RunState) -> TrainSink:
     raise RuntimeError("system_memory: no Daemon refers to the run state")
 
 
-async def _soak(overrides: list[str], progress_every: int) -> tuple[list[StepSample], RunOutcome]:
+def _where(traceback: tracemalloc.Traceback) -> str:
+    """The allocating line and, up the stack, the first line in the daemon's own code
+    (what to change), e.g. `pathlib.py:71 <- orchestrator/payload_refs.py:31`."""
+    frames = list(traceback)  # most recent call first
+    where = f"{Path(frames[0].filename).name}:{frames[0].lineno}"
+    for frame in frames[1:]:
+        if "/orchestrator/" in frame.filename and "/orchestrator/" not in frames[0].filename:
+            return f"{where} <- {frame.filename.split('/orchestrator/')[-1]}:{frame.lineno}"
+    return where
+
+
+@attrs.frozen
+class Growth:
+    """Where Python memory grew between the end of the warm-up and the last step."""
+
+    from_step: int
+    to_step: int
+    total: int
+    sites: list[tuple[int, int, str]]  # (bytes, blocks, "file:line")
+
+
+async def _soak(
+    overrides: list[str], progress_every: int, trace_from: int | None
+) -> tuple[list[StepSample], RunOutcome, Growth | None]:
     config = demo_config(overrides)
     samples: list[StepSample] = []
     outcome: list[RunOutcome] = []
@@ -120,11 +146,14 @@ async def _soak(overrides: list[str], progress_every: int) -> tuple[list[StepSam
         state: RunState = await nursery.start(daemon)
         sink = find_sink(state)
         shipped = state.next_step - 1
+        baseline: tracemalloc.Snapshot | None = None
         while not outcome:
             await state.wait_changed()
             if state.next_step - 1 == shipped:
                 continue
             shipped = state.next_step - 1
+            if trace_from is not None and shipped == trace_from:
+                baseline = _snapshot()
             refs = sink.refs
             samples.append(
                 StepSample(
@@ -143,7 +172,29 @@ async def _soak(overrides: list[str], progress_every: int) -> tuple[list[StepSam
                     f"{last.held_files} held + {last.pinned_files} pinned",
                     flush=True,
                 )
-    return samples, outcome[0]
+    growth = None
+    if baseline is not None:
+        growth = _growth(baseline, _snapshot(), trace_from or 0, shipped)
+    return samples, outcome[0], growth
+
+
+def _snapshot() -> tracemalloc.Snapshot:
+    # Cyclic garbage waiting for a full collection is not growth: collect it first.
+    gc.collect()
+    # Only the daemon's allocations matter; tracemalloc's own and the import machinery's
+    # are noise.
+    return tracemalloc.take_snapshot().filter_traces(
+        [
+            tracemalloc.Filter(False, tracemalloc.__file__),
+            tracemalloc.Filter(False, "<frozen importlib._bootstrap*>"),
+        ]
+    )
+
+
+def _growth(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, a: int, b: int) -> Growth:
+    diffs = after.compare_to(before, "traceback")
+    sites = [(d.size_diff, d.count_diff, _where(d.traceback)) for d in diffs[:TRACE_SITES]]
+    return Growth(a, b, sum(d.size_diff for d in diffs), sites)
 
 
 def slope_per_step(xs: list[int], ys: list[int]) -> float:
@@ -159,6 +210,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--warm-up", type=int, default=100, help="steps not judged")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="also trace Python allocations (slower; RSS then includes the tracing) and "
+        "report the sites that grew between the warm-up and the last step",
+    )
     args = parser.parse_args()
     if args.steps < args.warm_up + 10:
         parser.error("need --steps >= --warm-up + 10")
@@ -173,10 +230,16 @@ def main() -> int:
         with sim_servers(2, SHAPE, cores.fleet) as urls:
             overrides = run_overrides(base / "run", urls, SHAPE, workload_overrides(args.steps))
             with sim_trainer(overrides, cores.fleet, base / "trainer.log"):
-                samples, outcome = trio.run(_soak, overrides, max(args.steps // 20, 1))
-    markdown = report(samples, outcome, args, cores.describe(), command)
+                if args.tracemalloc:
+                    tracemalloc.start(TRACE_DEPTH)
+                trace_from = args.warm_up if args.tracemalloc else None
+                samples, outcome, growth = trio.run(
+                    _soak, overrides, max(args.steps // 20, 1), trace_from
+                )
+    markdown = report(samples, outcome, args, cores.describe(), command, growth)
     print(markdown)
-    write_section("system_memory", markdown)
+    # The traced run is a diagnosis beside the plain soak, not a replacement for it.
+    write_section("system_memory_traced" if args.tracemalloc else "system_memory", markdown)
     return 0
 
 
@@ -186,17 +249,34 @@ def report(
     args: argparse.Namespace,
     cores: str,
     command: str,
+    traced_growth: Growth | None,
 ) -> str:
     steady = [s for s in samples if s.step > args.warm_up]
     slope = slope_per_step([s.step for s in steady], [s.rss for s in steady])
-    growth = 100 * slope
+    per_100_steps = 100 * slope
     rss_min, rss_max = min(s.rss for s in steady), max(s.rss for s in steady)
     first, last = steady[0], steady[-1]
     tracked = [s.tracked_files for s in steady]
     per_file = [s.refs_bytes / s.tracked_files for s in steady if s.tracked_files]
     state = outcome.state
-    verdict = "met" if growth < TARGET_GROWTH_PER_100_STEPS else "MISSED"
+    verdict = "met" if per_100_steps < TARGET_GROWTH_PER_100_STEPS else "MISSED"
     checkpoints = [s for s in samples if s.step in _checkpoints(args.steps)]
+    traced: list[str] = []
+    if traced_growth is not None:
+        traced = [
+            "",
+            f"Python allocations (tracemalloc) that grew from step "
+            f"{traced_growth.from_step} to {traced_growth.to_step}, "
+            f"{traced_growth.total / 1e3:+,.0f} kB in all (RSS above includes tracemalloc's "
+            "own overhead in this mode):",
+            "",
+            "| grew by | blocks | allocated at |",
+            "|---:|---:|---|",
+            *(
+                f"| {size / 1e3:+,.1f} kB | {count:+,} | `{site}` |"
+                for size, count, site in traced_growth.sites
+            ),
+        ]
     rows = [
         "| step | RSS | files held | files pinned | reference table |",
         "|---:|---:|---:|---:|---:|",
@@ -208,7 +288,8 @@ def report(
     ]
     return "\n".join(
         [
-            "## System: memory soak (`bench/system_memory.py`)",
+            "## System: memory soak (`bench/system_memory.py`)"
+            + (", allocations traced" if traced_growth is not None else ""),
             "",
             f"`{command.strip()}` (revision {git_revision()}), on {machine()}.",
             "",
@@ -226,7 +307,7 @@ def report(
             *rows,
             "",
             f"- After a warm-up of {args.warm_up} steps: RSS grows by "
-            f"**{growth / 1e3:+,.1f} kB per 100 steps** (least-squares slope over steps "
+            f"**{per_100_steps / 1e3:+,.1f} kB per 100 steps** (least-squares slope over steps "
             f"{first.step}..{last.step}; target < {TARGET_GROWTH_PER_100_STEPS / 1e6:.0f} MB: "
             f"{verdict}); min {rss_min / 2**20:.1f} MiB, max {rss_max / 2**20:.1f} MiB, "
             f"first {first.rss / 2**20:.1f} MiB, last {last.rss / 2**20:.1f} MiB.",
@@ -237,6 +318,7 @@ def report(
             f"tracked file** (deep size / files tracked, mean over the steady steps; the path "
             f"strings included), i.e. {statistics.fmean(per_file) * 1e6 / 2**20:,.0f} MiB per "
             "million tracked files.",
+            *traced,
         ]
     )
 
