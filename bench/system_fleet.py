@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -76,9 +77,15 @@ def plan_cores() -> CorePlan:
 
 
 def pin_self(cores: frozenset[int]) -> None:
-    """Pin this process (every thread started after this call) to `cores`."""
+    """Pin this process (every thread started after this call) to `cores`, and make
+    SIGTERM unwind it like Ctrl-C, so the fleet's processes are stopped too."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if cores:
         os.sched_setaffinity(0, cores)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(f"stopped by signal {signum}")
 
 
 def quiet_daemon_logs() -> None:

@@ -51,7 +51,6 @@ from orchestrator.sink import TrainSink
 TARGET_GROWTH_PER_100_STEPS = 1_000_000
 SHAPE = ModelShape(layers=4, top_k=8, num_experts=128)
 TRACE_SITES = 12
-TRACE_DEPTH = 12  # frames kept per allocation: enough to reach the daemon's own code
 
 
 @attrs.frozen
@@ -216,6 +215,12 @@ def main() -> int:
         help="also trace Python allocations (slower; RSS then includes the tracing) and "
         "report the sites that grew between the warm-up and the last step",
     )
+    parser.add_argument(
+        "--trace-depth",
+        type=int,
+        default=1,
+        help="frames kept per traced allocation; more names the callers but is much slower",
+    )
     args = parser.parse_args()
     if args.steps < args.warm_up + 10:
         parser.error("need --steps >= --warm-up + 10")
@@ -231,7 +236,7 @@ def main() -> int:
             overrides = run_overrides(base / "run", urls, SHAPE, workload_overrides(args.steps))
             with sim_trainer(overrides, cores.fleet, base / "trainer.log"):
                 if args.tracemalloc:
-                    tracemalloc.start(TRACE_DEPTH)
+                    tracemalloc.start(args.trace_depth)
                 trace_from = args.warm_up if args.tracemalloc else None
                 samples, outcome, growth = trio.run(
                     _soak, overrides, max(args.steps // 20, 1), trace_from
