@@ -1,0 +1,93 @@
+"""`orchestrator run` as a real process: SIGTERM stops it gracefully, and a run that is
+started again resumes and finishes with its summary."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from orchestrator.batches import shipped_steps
+
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+
+
+def run_command(run_dir: Path, *overrides: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "orchestrator.cli",
+        "run",
+        "--config",
+        str(DEMO),
+        "--set",
+        f'run_dir="{run_dir}"',
+        "--set",
+        "sim.train_time_s=0.05",
+        "--set",
+        "trainer.poll_interval_s=0.1",
+        *(arg for override in overrides for arg in ("--set", override)),
+    ]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_sigterm_stops_gracefully_and_a_restart_finishes_the_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    batches = run_dir / "batches"
+    process = subprocess.Popen(
+        run_command(run_dir, "max_steps=6", "sim.train_time_s=0.3"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(lambda: batches.exists() and len(shipped_steps(batches)) >= 2, 60)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 0, stderr.decode()[-2000:]
+    assert b"Traceback" not in stderr
+    shipped = shipped_steps(batches)
+    assert 2 <= len(shipped) < 6 and shipped == list(range(1, len(shipped) + 1))
+    progress = json.loads((run_dir / "orchestrator" / "progress.json").read_text())
+    assert progress["step"] == shipped[-1]
+
+    summary = tmp_path / "summary.json"
+    finished = subprocess.run(
+        [*run_command(run_dir, "max_steps=6"), "--summary-json", str(summary)],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert finished.returncode == 0, finished.stderr.decode()[-2000:]
+    assert shipped_steps(batches) == [1, 2, 3, 4, 5, 6]
+    data = json.loads(summary.read_text())
+    assert data["first_step"] == shipped[-1] + 1
+    assert data["steps"] == 6
+    assert all(inv["held"] is True for inv in data["invariants"]), data["invariants"]
+    assert b"== run summary ==" in finished.stderr
+
+
+def test_a_bad_override_is_one_line_and_exit_two(tmp_path: Path) -> None:
+    result = subprocess.run(
+        run_command(tmp_path / "run", "staleness.max_async_steps=5"),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "max_async_steps" in lines[0], lines
