@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
 import tempfile
@@ -51,6 +52,8 @@ from orchestrator.sink import TrainSink
 TARGET_GROWTH_PER_100_STEPS = 1_000_000
 SHAPE = ModelShape(layers=4, top_k=8, num_experts=128)
 TRACE_SITES = 12
+# Allocator settings that change what RSS measures; a run under them is labelled so.
+ALLOCATOR_VARIABLES = ("PYTHONMALLOC", "MALLOC_ARENA_MAX")
 
 
 @attrs.frozen
@@ -227,8 +230,14 @@ def main() -> int:
     cores = plan_cores()
     pin_self(cores.daemon)
     quiet_daemon_logs()
-    command = "uv run --frozen --group bench python bench/system_memory.py " + " ".join(
-        sys.argv[1:]
+    environment = "".join(
+        f"{variable}={os.environ[variable]} "
+        for variable in ALLOCATOR_VARIABLES
+        if os.environ.get(variable)
+    )
+    command = (
+        f"{environment}uv run --frozen --group bench python bench/system_memory.py "
+        + " ".join(sys.argv[1:])
     )
     with tempfile.TemporaryDirectory(prefix="system-memory-", dir=args.dir) as tmp:
         base = Path(tmp)
@@ -243,8 +252,13 @@ def main() -> int:
                 )
     markdown = report(samples, outcome, args, cores.describe(), command, growth)
     print(markdown)
-    # The traced run is a diagnosis beside the plain soak, not a replacement for it.
-    write_section("system_memory_traced" if args.tracemalloc else "system_memory", markdown)
+    # Diagnostic runs (traced, or under another allocator set-up from the environment) go
+    # beside the plain soak, not over it.
+    section = "system_memory_traced" if args.tracemalloc else "system_memory"
+    for variable in ALLOCATOR_VARIABLES:
+        if os.environ.get(variable):
+            section += f"_{variable.lower()}_{os.environ[variable]}"
+    write_section(section, markdown)
     return 0
 
 
@@ -294,7 +308,12 @@ def report(
     return "\n".join(
         [
             "## System: memory soak (`bench/system_memory.py`)"
-            + (", allocations traced" if traced_growth is not None else ""),
+            + (", allocations traced" if traced_growth is not None else "")
+            + "".join(
+                f", {variable}={os.environ[variable]}"
+                for variable in ALLOCATOR_VARIABLES
+                if os.environ.get(variable)
+            ),
             "",
             f"`{command.strip()}` (revision {git_revision()}), on {machine()}.",
             "",

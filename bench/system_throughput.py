@@ -191,7 +191,11 @@ def profile_round(args: argparse.Namespace, cores: CorePlan, base: Path) -> Prof
     while stack:
         frame = stack.pop()
         stack.extend(frame.children)
-        if _package(frame) == "orchestrator" and not _has_ancestor(frame, frame.function):
+        if (
+            not frame.is_synthetic
+            and _package(frame) == "orchestrator"
+            and not _has_ancestor(frame, frame.function)
+        ):
             name = _frame_name(frame)
             inclusive[name] = inclusive.get(name, 0.0) + frame.time
         own = frame.time - sum(child.time for child in frame.children)
