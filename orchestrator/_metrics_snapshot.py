@@ -20,6 +20,7 @@ ROLLOUT_OUTCOMES = ("completed", "failed", "poisoned")
 # The dispatcher's failure kinds: the inference client's, then its own two.
 FAILURE_KINDS = (
     "connect",
+    "transport",
     "timeout",
     "http_5xx",
     "http_4xx",

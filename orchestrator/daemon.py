@@ -303,7 +303,12 @@ async def run_daemon(
         async with trio.open_nursery() as nursery:
             urls = [*config.inference.urls, *await start_local_fleet(config, nursery)]
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-            async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+            # Built in a worker thread: creating the client loads the TLS trust store,
+            # which blocks for up to a second.
+            client = await trio.to_thread.run_sync(
+                functools.partial(httpx.AsyncClient, timeout=None, limits=limits)
+            )
+            async with client:
                 pool = ServerPool.of(urls, on_change=state.notify)
                 policy = PolicyWatcher(
                     policy_settings(config), state, client, pool, daemon.sweep, daemon.file_limiter

@@ -34,8 +34,10 @@ UPDATE_WEIGHTS_PATH = "/update_weights"
 class InferenceFailure(Exception):
     """A request that did not produce a usable answer.
 
-    `kind` is one of "connect", "timeout", "http_5xx", "http_4xx", "malformed". All but
-    "http_4xx" are transient: the same request may succeed when tried again.
+    `kind` is one of "connect" (the server refused or could not be reached: it is
+    probably down), "transport" (a connection broke mid-request, e.g. a reused keep-alive
+    connection the server had closed), "timeout", "http_5xx", "http_4xx", "malformed". All
+    but "http_4xx" are transient: the same request may succeed when tried again.
     """
 
     def __init__(self, kind: str, detail: str) -> None:
@@ -285,6 +287,13 @@ async def _post_json(
     return await client.send(request)
 
 
+def _transport_failure(url: str, exc: httpx.TransportError) -> InferenceFailure:
+    # Only a refused or unreachable connection says the server is down; a connection that
+    # broke mid-request is retried like any transient failure.
+    kind = "connect" if isinstance(exc, httpx.ConnectError) else "transport"
+    return InferenceFailure(kind, f"{url}: {exc.__class__.__name__}")
+
+
 async def post_generate(client: httpx.AsyncClient, url: str, body: Mapping[str, Any]) -> bytes:
     """POST one generate request; the caller puts the deadline around it.
 
@@ -295,7 +304,7 @@ async def post_generate(client: httpx.AsyncClient, url: str, body: Mapping[str, 
     except httpx.TimeoutException as exc:
         raise InferenceFailure("timeout", f"{url}: {exc.__class__.__name__}") from None
     except httpx.TransportError as exc:
-        raise InferenceFailure("connect", f"{url}: {exc.__class__.__name__}") from None
+        raise _transport_failure(url, exc) from None
     if response.status_code >= 500:
         raise InferenceFailure("http_5xx", f"{url}: HTTP {response.status_code}")
     if response.status_code != 200:
@@ -314,7 +323,7 @@ async def post_update_weights(client: httpx.AsyncClient, url: str, weight_dir: P
     except httpx.TimeoutException:
         raise InferenceFailure("timeout", f"{url}: update_weights timed out") from None
     except httpx.TransportError as exc:
-        raise InferenceFailure("connect", f"{url}: {exc.__class__.__name__}") from None
+        raise _transport_failure(url, exc) from None
     if response.status_code != 200:
         kind = "http_5xx" if response.status_code >= 500 else "http_4xx"
         raise InferenceFailure(kind, f"{url}: update_weights HTTP {response.status_code}")

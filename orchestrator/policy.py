@@ -22,7 +22,6 @@ from payload_gc import PayloadGCError, collect_below, min_fresh_version
 
 from orchestrator.inference_client import InferenceFailure, post_update_weights
 from orchestrator.metrics import CollectionTimes
-from orchestrator.payload_disk import measure_tree
 from orchestrator.run_state import RunState
 from orchestrator.server_pool import ServerPool
 from orchestrator.weights import published_versions, weights_step_dir
@@ -138,9 +137,6 @@ class PolicyWatcher:
         """Delete every `v<k>` below `min_fresh_version(version + 1, m)`."""
         state = self.state
         bound = min_fresh_version(version + 1, self.settings.max_off_policy_steps)
-        # Disk use peaks right before a collection: sample it there.
-        _, on_disk = await measure_tree(self.settings.payload_root, limiter=self.file_limiter)
-        state.record_payload_bytes(on_disk)
         started = time.monotonic()
         try:
             with trio.fail_after(self.settings.collect_deadline_s):
@@ -150,6 +146,11 @@ class PolicyWatcher:
             log.error("collection failed", bound=bound, error=str(exc) or repr(exc))
             return
         state.bound = bound
+        # Disk use peaks right before a collection. The collector measured every version
+        # directory anyway: what it deleted plus what it kept is the peak, at no cost.
+        before = report.bytes + sum(k.usage.bytes for k in report.kept if k.usage is not None)
+        state.record_payload_bytes(before)
+        state.payload_bytes = before - report.bytes
         if self.collection_times is not None:
             self.collection_times.observe_collection(time.monotonic() - started)
         state.files_deleted["collection"] += report.files
