@@ -25,9 +25,9 @@ from orchestrator.inference_client import (
     InferenceFailure,
     TurnOutput,
     build_generate_request,
-    check_segment_files,
     parse_generate_response,
     post_generate,
+    segment_files_problem,
 )
 from orchestrator.payload import FinalTokenRoute, version_dir
 from orchestrator.rollouts import GroupResult, RolloutResult
@@ -140,6 +140,8 @@ class Dispatcher:
             state.notify()
         if scope.cancelled_caught:
             log.info("group cancelled", group=group_id, start_version=start_version)
+        if not scope.cancelled_caught:
+            await self._check_files([run for run in runs if run is not None])
         rollouts = tuple(
             self._finish(run, runs, prompt)
             if run is not None
@@ -148,6 +150,34 @@ class Dispatcher:
         )
         async with results:
             await results.send(GroupResult(group_id, start_version, rollouts))
+
+    async def _check_files(self, runs: Sequence[RolloutRun]) -> None:
+        """Check every segment file of the group on disk, in one worker-thread call.
+
+        Once per group rather than per turn: a bad file only makes a rollout untrainable
+        (the episode's tokens stay good), so the check can wait until the group is done.
+        """
+        checks = [
+            (run, index, turn)
+            for run in runs
+            if run.payload_dir is not None
+            for index, (_, turn) in enumerate(run.turns)
+            if turn.poisoned is None and turn.segments
+        ]
+        if not checks:
+            return
+        root = self.settings.payload_root
+
+        def check_all() -> list[str | None]:
+            return [segment_files_problem(t, root=root, version=r.version) for r, _, t in checks]
+
+        problems = await trio.to_thread.run_sync(check_all, limiter=self.file_limiter)
+        for (run, index, turn), problem in zip(checks, problems, strict=True):
+            if problem is not None:
+                self.state.failures["poisoned_payload"] += 1
+                log.warning("poisoned payload", rollout=run.rollout_id, reason=problem)
+                prompt_len = run.turns[index][0]
+                run.turns[index] = (prompt_len, attrs.evolve(turn, poisoned=problem))
 
     async def _run_member(
         self,
@@ -253,13 +283,6 @@ class Dispatcher:
             except InferenceFailure as exc:
                 failure = exc
             else:
-                if payload_dir is not None:
-                    turn = await check_segment_files(
-                        turn,
-                        root=settings.payload_root,
-                        version=version,
-                        limiter=self.file_limiter,
-                    )
                 self.state.files_written += len({s.file for s in turn.segments.values()})
                 self.state.bytes_written += sum(s.nbytes for s in turn.segments.values())
                 if turn.poisoned is not None:

@@ -7,6 +7,7 @@ files of the right size, runs in a worker thread.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -225,25 +226,26 @@ def _check_rows(
     return None
 
 
+def segment_files_problem(turn: TurnOutput, *, root: Path, version: int) -> str | None:
+    """What is wrong with the turn's segment files on disk (missing, short, a link, not a
+    regular file), or None. Blocking: one `lstat` per file."""
+    if turn.poisoned is not None or not turn.segments:
+        return None
+    try:
+        validate_segments(turn.segments.values(), root=root, version=version, check_files=True)
+    except PayloadError as exc:
+        return str(exc)
+    return None
+
+
 async def check_segment_files(
     turn: TurnOutput, *, root: Path, version: int, limiter: trio.CapacityLimiter
 ) -> TurnOutput:
-    """Check the turn's segment files on disk (regular files, sizes) in a worker thread.
-
-    Returns the turn unchanged, or poisoned when a file is missing, short or a link.
-    """
-    if turn.poisoned is not None or not turn.segments:
-        return turn
-    segments = list(turn.segments.values())
-
-    def check() -> str | None:
-        try:
-            validate_segments(segments, root=root, version=version, check_files=True)
-        except PayloadError as exc:
-            return str(exc)
-        return None
-
-    problem = await trio.to_thread.run_sync(check, limiter=limiter)
+    """`segment_files_problem` in a worker thread: the turn, poisoned if its files are bad."""
+    problem = await trio.to_thread.run_sync(
+        functools.partial(segment_files_problem, turn, root=root, version=version),
+        limiter=limiter,
+    )
     return turn if problem is None else attrs.evolve(turn, poisoned=problem)
 
 
