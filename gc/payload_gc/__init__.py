@@ -24,6 +24,7 @@ from ._plan import (
     Usage,
     plan_collection,
 )
+from ._render import human_bytes, plan_json, render_plan, render_report, report_json
 from ._scan import plan_root, scan_root
 from ._versions import min_fresh_version, parse_version
 from ._wipe import WipeReport, init_root, wipe_root, wipe_root_async
@@ -46,11 +47,16 @@ __all__ = [
     "WipeReport",
     "collect_below",
     "collect_below_sync",
+    "human_bytes",
     "init_root",
     "min_fresh_version",
     "parse_version",
     "plan_collection",
+    "plan_json",
     "plan_root",
+    "render_plan",
+    "render_report",
+    "report_json",
     "scan_root",
     "wipe_root",
     "wipe_root_async",

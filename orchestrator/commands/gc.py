@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
 if TYPE_CHECKING:
-    from payload_gc import CollectionPlan, CollectionReport, KeptEntry
+    from payload_gc import CollectionPlan, CollectionReport
 
     from orchestrator._run_inspect import RunSnapshot
 
@@ -131,11 +131,7 @@ def check_payload_root(root: str, plan: CollectionPlan) -> None:
         )
 
 
-# -- text ------------------------------------------------------------------------------
-
-
-def _totals(dirs: int, files: int, size: int) -> str:
-    return f"{dirs} directories, {files} files, {size} bytes"
+# -- output: payload-gc's own, with the line that says where the bound comes from ----
 
 
 def _why(run_bound: RunBound, now: float) -> str:
@@ -149,152 +145,44 @@ def _why(run_bound: RunBound, now: float) -> str:
     )
 
 
-def _table(rows: list[tuple[str, str, int | None, int | None, str]]) -> list[str]:
-    from orchestrator._run_inspect import format_table, human_bytes
-
-    if not rows:
-        return ["  (the root is empty)"]
-    return format_table(
-        ("entry", "action", "files", "size", "reason"),
-        (
-            (
-                name,
-                action,
-                "-" if files is None else str(files),
-                "-" if size is None else human_bytes(size),
-                note,
-            )
-            for name, action, files, size, note in rows
-        ),
-        numeric={2, 3},
-    )
-
-
-def _kept_rows(kept: tuple[KeptEntry, ...]) -> list[tuple[str, str, int | None, int | None, str]]:
-    return [
-        (
-            k.name,
-            "keep",
-            None if k.usage is None else k.usage.files,
-            None if k.usage is None else k.usage.bytes,
-            k.reason.value,
-        )
-        for k in kept
-    ]
-
-
 def render_dry_run(root: str, plan: CollectionPlan, run_bound: RunBound, now: float) -> str:
     """The dry run for people; its first line says that nothing was deleted."""
-    from payload_gc import EntryKind
+    from payload_gc import render_plan
 
-    from orchestrator._run_inspect import format_version
-
-    totals = _totals(len(plan.delete), plan.files, plan.bytes)
-    rows = [
-        (
-            d.name,
-            "delete",
-            None if d.usage is None else d.usage.files,
-            None if d.usage is None else d.usage.bytes,
-            "symbolic link: unlinked, not followed" if d.kind is EntryKind.SYMLINK else "",
-        )
-        for d in plan.delete
-    ]
-    lines = [
-        "DRY RUN: nothing was deleted",
-        f"would delete {totals} from {root} (bound {format_version(plan.bound)})",
-        _why(run_bound, now),
-        "",
-        *_table(rows + _kept_rows(plan.keep)),
-        "",
-        f"total that would be deleted: {totals}",
-    ]
+    lines = render_plan(root, plan).split("\n")
+    # After "DRY RUN: ..." and "would delete ... (bound vK)".
+    lines.insert(2, _why(run_bound, now))
     return "\n".join(lines)
 
 
 def render_report(report: CollectionReport, run_bound: RunBound, now: float) -> str:
     """A real collection for people; its first line says what was deleted."""
-    from orchestrator._run_inspect import format_version
+    from payload_gc import render_report as render_gc_report
 
-    totals = _totals(report.dirs, report.files, report.bytes)
-    rows: list[tuple[str, str, int | None, int | None, str]] = [
-        (d.name, "deleted", d.files, d.bytes, "") for d in report.deleted
-    ]
-    lines = [
-        f"deleted {totals} from {report.root} (bound {format_version(report.bound)})",
-        _why(run_bound, now),
-        "",
-        *_table(rows + _kept_rows(report.kept)),
-        "",
-    ]
-    if report.errors:
-        lines.append(f"PARTIAL: {len(report.errors)} entries could not be deleted entirely:")
-        lines.extend(f"  {e.name}: {e.message}" for e in report.errors)
-    lines.append(f"total deleted: {totals} in {report.duration_s:.3f} s ({report.outcome})")
+    lines = render_gc_report(report).split("\n")
+    lines.insert(1, _why(run_bound, now))
     return "\n".join(lines)
 
 
-# -- JSON ------------------------------------------------------------------------------
-
-
-def _run_json(run_bound: RunBound) -> dict[str, Any]:
-    return {
+def _with_run(document_json: str, run_bound: RunBound) -> str:
+    document = json.loads(document_json)
+    document["run"] = {
         "applied_version": run_bound.applied_version,
         "max_off_policy_steps": run_bound.max_off_policy_steps,
         "progress_updated_at": run_bound.progress_updated_at,
     }
-
-
-def _kept_json(kept: tuple[KeptEntry, ...]) -> list[dict[str, Any]]:
-    return [
-        {
-            "name": k.name,
-            "version": k.version,
-            "files": None if k.usage is None else k.usage.files,
-            "bytes": None if k.usage is None else k.usage.bytes,
-            "reason": k.reason.value,
-        }
-        for k in kept
-    ]
+    return json.dumps(document, indent=2)
 
 
 def dry_run_json(root: str, plan: CollectionPlan, run_bound: RunBound) -> str:
     """The dry run as one JSON document (`delete` lists exactly what a real run deletes)."""
-    document = {
-        "root": root,
-        "bound": plan.bound,
-        "dry_run": True,
-        "run": _run_json(run_bound),
-        "delete": [
-            {
-                "name": d.name,
-                "version": d.version,
-                "files": None if d.usage is None else d.usage.files,
-                "bytes": None if d.usage is None else d.usage.bytes,
-            }
-            for d in plan.delete
-        ],
-        "keep": _kept_json(plan.keep),
-        "totals": {"dirs": len(plan.delete), "files": plan.files, "bytes": plan.bytes},
-    }
-    return json.dumps(document, indent=2)
+    from payload_gc import plan_json
+
+    return _with_run(plan_json(root, plan), run_bound)
 
 
 def report_json(report: CollectionReport, run_bound: RunBound) -> str:
     """A real collection as one JSON document."""
-    document = {
-        "root": report.root,
-        "bound": report.bound,
-        "dry_run": False,
-        "run": _run_json(run_bound),
-        "delete": [
-            {"name": d.name, "version": d.version, "files": d.files, "bytes": d.bytes}
-            for d in report.deleted
-        ],
-        "keep": _kept_json(report.kept),
-        "totals": {"dirs": report.dirs, "files": report.files, "bytes": report.bytes},
-        "duration_s": report.duration_s,
-        "outcome": report.outcome,
-        "errors": [{"name": e.name, "message": e.message} for e in report.errors],
-    }
-    return json.dumps(document, indent=2)
+    from payload_gc import report_json as gc_report_json
+
+    return _with_run(gc_report_json(report), run_bound)
