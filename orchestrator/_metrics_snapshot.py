@@ -16,7 +16,7 @@ from orchestrator.sink import TrainSink
 # Label values reported even at zero, so that `rate()` and alerts see a series from the
 # first scrape on instead of one that appears with the first event. Values found in the
 # state that are not listed here are reported too, after these.
-ROLLOUT_OUTCOMES = ("completed", "failed", "poisoned")
+ROLLOUT_OUTCOMES = ("completed", "failed", "poisoned", "stopped")
 # The dispatcher's failure kinds: the inference client's, then its own two.
 FAILURE_KINDS = (
     "connect",

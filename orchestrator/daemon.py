@@ -18,7 +18,6 @@ import time
 from collections.abc import Sequence
 
 import attrs
-import httpx
 import structlog
 import trio
 
@@ -26,6 +25,7 @@ from orchestrator.batches import TrainSample, publish_batch_async
 from orchestrator.config import Config
 from orchestrator.dispatcher import Dispatcher, DispatchSettings
 from orchestrator.environments import make_environment
+from orchestrator.http_clients import open_client_shards
 from orchestrator.payload_disk import delete_files, measure_tree
 from orchestrator.policy import PolicySettings, PolicyWatcher
 from orchestrator.progress import Progress, save_progress
@@ -124,7 +124,7 @@ class Daemon:
         files = sink.drop_stale(state.next_step)
         for group in list(state.groups.values()):
             if group.start_version < state.fresh_bound:
-                group.cancel_scope.cancel()
+                group.stop.set()
         if state.bound is not None:
             sink.forget_versions_below(state.bound)
         await self._delete(files, "sweep")
@@ -302,13 +302,8 @@ async def run_daemon(
     try:
         async with trio.open_nursery() as nursery:
             urls = [*config.inference.urls, *await start_local_fleet(config, nursery)]
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-            # Built in a worker thread: creating the client loads the TLS trust store,
-            # which blocks for up to a second.
-            client = await trio.to_thread.run_sync(
-                functools.partial(httpx.AsyncClient, timeout=None, limits=limits)
-            )
-            async with client:
+            async with open_client_shards(config.inference.max_inflight) as clients:
+                client = clients.control
                 pool = ServerPool.of(urls, on_change=state.notify)
                 policy = PolicyWatcher(
                     policy_settings(config), state, client, pool, daemon.sweep, daemon.file_limiter
@@ -336,7 +331,7 @@ async def run_daemon(
                     dispatch_settings(config),
                     state,
                     environment,
-                    client,
+                    clients,
                     send,
                     lambda: daemon.sink.queued_samples,
                     daemon.file_limiter,
@@ -351,6 +346,10 @@ async def run_daemon(
                 task_status.started(state)
                 if config.max_steps:
                     await _wait_until_trained(state, config.max_steps)
+                    await _drain_groups(state, config.inference.request_timeout_s)
+                    # Stale groups stopped since the last collection wrote into versions
+                    # below the bound until their last request returned: collect again.
+                    await policy.collect(state.applied_version)
                     await daemon.drop_everything_queued()
                     nursery.cancel_scope.cancel()
                 else:
@@ -372,8 +371,17 @@ async def _wait_until_trained(state: RunState, max_steps: int) -> None:
     """Until the trainer has published (and the daemon applied and collected) `max_steps`."""
     while not (state.done_shipping and state.settled_version >= max_steps):
         await state.wait_changed()
-    # Nothing more can ship: stop the groups still running.
+    log.info("all batches trained on", steps=max_steps, version=state.applied_version)
+
+
+async def _drain_groups(state: RunState, deadline_s: float) -> None:
+    """Nothing more can ship: stop every group after its requests in flight return (so
+    their payload files are all written), cancelling what is still running at the deadline."""
     state.stopping = True
     for group in list(state.groups.values()):
+        group.stop.set()
+    with trio.move_on_after(deadline_s):
+        while state.groups:
+            await state.wait_changed()
+    for group in list(state.groups.values()):
         group.cancel_scope.cancel()
-    log.info("all batches trained on", steps=max_steps, version=state.applied_version)

@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
-import httpx
 import structlog
 import trio
 import trio.lowlevel
 
 from orchestrator.environments import Environment, Prompt
+from orchestrator.http_clients import ClientShards
 from orchestrator.inference_client import (
     InferenceFailure,
     TurnOutput,
@@ -76,7 +76,7 @@ class Dispatcher:
     settings: DispatchSettings
     state: RunState
     environment: Environment
-    client: httpx.AsyncClient
+    clients: ClientShards
     results: trio.MemorySendChannel[GroupResult]
     queued_samples: Callable[[], int]  # the sink's count of queued samples
     file_limiter: trio.CapacityLimiter
@@ -127,20 +127,27 @@ class Dispatcher:
         start_version = state.applied_version
         runs: list[RolloutRun | None] = [None] * size
         scope = trio.CancelScope()
-        state.groups[group_id] = InflightGroup(group_id, start_version, server, scope)
+        group = InflightGroup(group_id, start_version, server, scope)
+        state.groups[group_id] = group
         try:
             with scope:
                 async with trio.open_nursery() as nursery:
                     for index in range(size):
-                        nursery.start_soon(self._run_member, runs, index, group_id, prompt, server)
+                        nursery.start_soon(self._run_member, runs, index, group, prompt)
         finally:
             del state.groups[group_id]
             state.inflight_rollouts -= size
             self.pool.load[server] -= size
             state.notify()
+        if state.stopping:
+            # The run is over: nothing this group made can ship. Its files lie in versions
+            # that the final collection (or the next run's start-up sync) deals with.
+            state.rollouts["stopped"] += size
+            results.close()
+            return
         if scope.cancelled_caught:
             log.info("group cancelled", group=group_id, start_version=start_version)
-        if not scope.cancelled_caught:
+        else:
             await self._check_files([run for run in runs if run is not None])
         rollouts = tuple(
             self._finish(run, runs, prompt)
@@ -183,13 +190,15 @@ class Dispatcher:
         self,
         runs: list[RolloutRun | None],
         index: int,
-        group_id: str,
+        group: InflightGroup,
         prompt: Prompt,
-        server: str,
     ) -> None:
-        runs[index] = await self._run_rollout(f"{group_id}-r{index}", prompt, server)
+        rollout_id = f"{group.group_id}-r{index}"
+        runs[index] = await self._run_rollout(rollout_id, prompt, group.server, group.stop)
 
-    async def _run_rollout(self, rollout_id: str, prompt: Prompt, server: str) -> RolloutRun:
+    async def _run_rollout(
+        self, rollout_id: str, prompt: Prompt, server: str, stop: trio.Event
+    ) -> RolloutRun:
         settings, state = self.settings, self.state
         version = state.applied_version
         payload_dir = (
@@ -199,6 +208,9 @@ class Dispatcher:
         )
         run = RolloutRun(rollout_id, version, payload_dir, list(prompt.token_ids))
         for turn_index in range(settings.max_turns):
+            if stop.is_set():
+                run.failed = "stopped: the group can no longer ship"
+                return run
             body = build_generate_request(
                 request_id=f"{rollout_id}-t{turn_index}",
                 token_ids=run.tokens,
@@ -208,7 +220,7 @@ class Dispatcher:
                 fields=settings.fields,
             )
             try:
-                turn = await self._request_turn(server, body, len(run.tokens), payload_dir, version)
+                turn = await self._request_turn(server, body, len(run.tokens), payload_dir, stop)
             except InferenceFailure as failure:
                 run.failed = str(failure)
                 return run
@@ -228,7 +240,8 @@ class Dispatcher:
         settings, state = self.settings, self.state
         files = frozenset(f for _, turn in run.turns for f in turn.files)
         if run.failed is not None:
-            state.rollouts["failed"] += 1
+            stopped = run.failed.startswith("stopped")
+            state.rollouts["stopped" if stopped else "failed"] += 1
             return RolloutResult(run.rollout_id, run.version, files=files, failed=run.failed)
         reward = self.environment.reward(prompt, [t.completion_ids for _, t in run.turns])
         donors = prompt_routing_donors(
@@ -263,7 +276,7 @@ class Dispatcher:
         body: dict[str, object],
         prompt_len: int,
         payload_dir: Path | None,
-        version: int,
+        stop: trio.Event,
     ) -> TurnOutput:
         """One turn, retried on transient failures with exponential backoff.
 
@@ -274,7 +287,8 @@ class Dispatcher:
         while True:
             try:
                 with trio.fail_after(settings.request_timeout_s):
-                    raw = await post_generate(self.client, server, body)
+                    with self.clients.lease() as client:
+                        raw = await post_generate(client, server, body)
                 turn = parse_generate_response(
                     raw, prompt_len=prompt_len, payload_dir=payload_dir, fields=settings.fields
                 )
@@ -293,7 +307,7 @@ class Dispatcher:
             if failure.kind == "connect":
                 self.pool.mark_down(server, failure.detail)
             attempt += 1
-            if not failure.transient or attempt > settings.retries:
+            if not failure.transient or attempt > settings.retries or stop.is_set():
                 raise failure
             log.info("retrying turn", server=server, error=str(failure), attempt=attempt)
             await trio.sleep(min(settings.retry_backoff_s * 2 ** (attempt - 1), 30.0))

@@ -17,12 +17,19 @@ from payload_gc import min_fresh_version
 
 @attrs.frozen
 class InflightGroup:
-    """A group whose rollouts are still running, and the scope that cancels them."""
+    """A group whose rollouts are still running.
+
+    `stop` asks its rollouts to end after the request each has in flight: the server then
+    finishes writing that request's payload before it answers, so every file the group
+    wrote is known and freed with it, and nothing is written into a version directory
+    after it was collected. `cancel_scope` ends the group at once (shutdown).
+    """
 
     group_id: str
     start_version: int
     server: str
     cancel_scope: trio.CancelScope
+    stop: trio.Event = attrs.field(factory=trio.Event)
 
 
 @attrs.define
