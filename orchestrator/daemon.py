@@ -300,60 +300,64 @@ async def run_daemon(
         log.info("fresh run", payload_root=str(config.payload_root))
         await wipe_payload_root(config.payload_root)
     try:
-        async with trio.open_nursery() as nursery:
+        # The clients outlive the nursery: no task can find them closed while it is being
+        # cancelled.
+        async with (
+            open_client_shards(config.inference.max_inflight) as clients,
+            trio.open_nursery() as nursery,
+        ):
             urls = [*config.inference.urls, *await start_local_fleet(config, nursery)]
-            async with open_client_shards(config.inference.max_inflight) as clients:
-                client = clients.control
-                pool = ServerPool.of(urls, on_change=state.notify)
-                policy = PolicyWatcher(
-                    policy_settings(config), state, client, pool, daemon.sweep, daemon.file_limiter
+            client = clients.control
+            pool = ServerPool.of(urls, on_change=state.notify)
+            policy = PolicyWatcher(
+                policy_settings(config), state, client, pool, daemon.sweep, daemon.file_limiter
+            )
+            await nursery.start(
+                serve_health_prober,
+                pool,
+                client,
+                probe_settings(config),
+                lambda: state.applied_version,
+            )
+            if start.resumed:
+                log.info("resuming", last_shipped=start.resume_step)
+                state.next_step = start.resume_step + 1
+                await wait_for_version(
+                    config.weights_dir,
+                    start.resume_step,
+                    poll_interval_s=config.trainer.poll_interval_s,
                 )
-                await nursery.start(
-                    serve_health_prober,
-                    pool,
-                    client,
-                    probe_settings(config),
-                    lambda: state.applied_version,
-                )
-                if start.resumed:
-                    log.info("resuming", last_shipped=start.resume_step)
-                    state.next_step = start.resume_step + 1
-                    await wait_for_version(
-                        config.weights_dir,
-                        start.resume_step,
-                        poll_interval_s=config.trainer.poll_interval_s,
-                    )
-                    if start.resume_step > 0:
-                        await policy.apply(start.resume_step)
-                await daemon.save_progress()
-                send, receive = trio.open_memory_channel[GroupResult](16)
-                dispatcher = Dispatcher(
-                    dispatch_settings(config),
-                    state,
-                    environment,
-                    clients,
-                    send,
-                    lambda: daemon.sink.queued_samples,
-                    daemon.file_limiter,
-                    pool,
-                )
-                if config.metrics.listen:
-                    await start_metrics(config.metrics.listen, nursery, state, daemon.sink, policy)
-                await nursery.start(policy.serve)
-                await nursery.start(daemon.serve_admission, receive)
-                await nursery.start(daemon.serve_shipper)
-                await nursery.start(dispatcher.serve)
-                task_status.started(state)
-                if config.max_steps:
-                    await _wait_until_trained(state, config.max_steps)
-                    await _drain_groups(state, config.inference.request_timeout_s)
-                    # Stale groups stopped since the last collection wrote into versions
-                    # below the bound until their last request returned: collect again.
-                    await policy.collect(state.applied_version)
-                    await daemon.drop_everything_queued()
-                    nursery.cancel_scope.cancel()
-                else:
-                    await trio.sleep_forever()
+                if start.resume_step > 0:
+                    await policy.apply(start.resume_step)
+            await daemon.save_progress()
+            send, receive = trio.open_memory_channel[GroupResult](16)
+            dispatcher = Dispatcher(
+                dispatch_settings(config),
+                state,
+                environment,
+                clients,
+                send,
+                lambda: daemon.sink.queued_samples,
+                daemon.file_limiter,
+                pool,
+            )
+            if config.metrics.listen:
+                await start_metrics(config.metrics.listen, nursery, state, daemon.sink, policy)
+            await nursery.start(policy.serve)
+            await nursery.start(daemon.serve_admission, receive)
+            await nursery.start(daemon.serve_shipper)
+            await nursery.start(dispatcher.serve)
+            task_status.started(state)
+            if config.max_steps:
+                await _wait_until_trained(state, config.max_steps)
+                await _drain_groups(state, config.inference.request_timeout_s)
+                # Stale groups stopped since the last collection wrote into versions
+                # below the bound until their last request returned: collect again.
+                await policy.collect(state.applied_version)
+                await daemon.drop_everything_queued()
+                nursery.cancel_scope.cancel()
+            else:
+                await trio.sleep_forever()
     finally:
         # Stopped by a signal or an error too: save what is known, within the grace time.
         with trio.move_on_after(config.shutdown.grace_s) as cleanup:
