@@ -9,16 +9,14 @@ Invariants, checked from what is on disk, not from what the daemon believes:
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import attrs
+from payload_gc import human_bytes, parse_version
 
 from orchestrator.batches import shipped_steps
 from orchestrator.run_state import RunState
-
-_VERSION_DIR = re.compile(r"v([0-9]+)")
 
 
 @attrs.frozen
@@ -58,13 +56,11 @@ def check_invariants(
         )
     except (OSError, ValueError, AttributeError):
         violations = Invariant("no payload violations", None, "no trainer report to check")
-    stale = sorted(
-        int(m.group(1))
+    versions = (
+        parse_version(entry.name)
         for entry in (payload_root.iterdir() if payload_root.exists() else [])
-        if (m := _VERSION_DIR.fullmatch(entry.name))
-        and bound is not None
-        and int(m.group(1)) < bound
     )
+    stale = sorted(v for v in versions if v is not None and bound is not None and v < bound)
     collected = Invariant(
         "collected below bound",
         None if bound is None else not stale,
@@ -73,15 +69,6 @@ def check_invariants(
         else (f"only v<k> >= v{bound} remain" if not stale else f"left below v{bound}: {stale}"),
     )
     return [contiguous, violations, collected]
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
-        value /= 1024
-    return f"{n} B"
 
 
 def summary_data(
@@ -128,10 +115,10 @@ def render_summary(data: dict[str, Any]) -> str:
         f"failures       {pairs(data['failures'])}",
         f"discards       {pairs(data['discards'])}",
         f"payload        written {data['payload_files_written']} files / "
-        f"{_size(data['payload_bytes_written'])}; deleted {deleted_files} files / "
-        f"{_size(deleted_bytes)} ({pairs(data['files_deleted'])})",
-        f"disk           peak {_size(data['peak_payload_bytes'])}, "
-        f"at exit {_size(data['final_payload_bytes'])}",
+        f"{human_bytes(data['payload_bytes_written'])}; deleted {deleted_files} files / "
+        f"{human_bytes(deleted_bytes)} ({pairs(data['files_deleted'])})",
+        f"disk           peak {human_bytes(data['peak_payload_bytes'])}, "
+        f"at exit {human_bytes(data['final_payload_bytes'])}",
         "invariants",
     ]
     for inv in data["invariants"]:

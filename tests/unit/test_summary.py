@@ -1,0 +1,63 @@
+"""The end-of-run invariants catch what they are for: a gap in the batches, a trainer
+violation, a version directory left below the bound."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestrator.batches import TrainSample, publish_batch
+from orchestrator.run_state import RunState
+from orchestrator.summary import check_invariants, invariants_hold, render_summary, summary_data
+
+
+def sample() -> TrainSample:
+    return TrainSample(
+        group_id="g",
+        rollout_id="r",
+        start_version=0,
+        dispatch_version=0,
+        reward=1.0,
+        advantage=0.5,
+        token_ids=(1, 2, 3),
+        loss_mask=(0, 1, 1),
+        logprobs=(0.0, -0.1, -0.2),
+    )
+
+
+def layout(tmp_path: Path, steps: list[int], dirs: list[str], violations: int) -> dict[str, Path]:
+    batches, root = tmp_path / "batches", tmp_path / "payloads"
+    for step in steps:
+        publish_batch(batches, step, [sample()], fsync=False)
+    for name in dirs:
+        (root / name).mkdir(parents=True)
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"steps": 3, "samples": 3, "violations": [{}] * violations}))
+    return {"batches_dir": batches, "payload_root": root, "trainer_report": report}
+
+
+def test_a_clean_run_holds_every_invariant(tmp_path: Path) -> None:
+    paths = layout(tmp_path, [1, 2, 3], ["v2", "v3", "other"], violations=0)
+    invariants = check_invariants(**paths, last_step=3, bound=2)
+    assert [i.held for i in invariants] == [True, True, True]
+
+
+def test_each_broken_invariant_is_reported(tmp_path: Path) -> None:
+    paths = layout(tmp_path, [1, 3], ["v0", "v1", "v2"], violations=2)
+    invariants = check_invariants(**paths, last_step=3, bound=2)
+    assert [i.held for i in invariants] == [False, False, False]
+    assert "left below v2: [0, 1]" in invariants[2].detail
+    state = RunState(max_off_policy_steps=2, max_async_steps=1, max_steps=3)
+    data = summary_data(state, {"stale": 1}, invariants, duration_s=1.0, first_step=1)
+    assert not invariants_hold(data)
+    text = render_summary(data)
+    assert text.count("FAIL") == 3 and "stale 1" in text
+
+
+def test_no_trainer_report_is_not_a_failure(tmp_path: Path) -> None:
+    paths = layout(tmp_path, [1], [], violations=0)
+    paths["trainer_report"].unlink()
+    invariants = check_invariants(**paths, last_step=1, bound=None)
+    assert [i.held for i in invariants] == [True, None, None]
+    state = RunState(max_off_policy_steps=2, max_async_steps=1, max_steps=1)
+    assert invariants_hold(summary_data(state, {}, invariants, duration_s=0, first_step=1))
