@@ -22,7 +22,7 @@ import trio
 
 from orchestrator._batch_format import BATCH_FILE, TrainSample, encode_batch
 from orchestrator._durable_files import fsync_dir, write_file_synced
-from orchestrator._step_dirs import parse_step_dir, step_dir_name
+from orchestrator._step_dirs import complete_steps, step_dir_name
 
 # Leftovers of a publish cut short by a crash start with this; nothing else does.
 PARTIAL_BATCH_PREFIX = ".tmp-"
@@ -111,21 +111,7 @@ def shipped_steps(batches_dir: Path) -> list[int]:
     of a publish in progress (or cut short), symlinks and other names are ignored. A
     missing `batches_dir` means none. Raises OSError when it cannot be listed.
     """
-    steps: list[int] = []
-    try:
-        entries = list(os.scandir(batches_dir))
-    except FileNotFoundError:
-        return steps
-    for entry in entries:
-        step = parse_step_dir(entry.name)
-        if (
-            step is not None
-            and entry.is_dir(follow_symlinks=False)
-            and Path(entry.path, BATCH_FILE).is_file()
-        ):
-            steps.append(step)
-    steps.sort()
-    return steps
+    return complete_steps(batches_dir, BATCH_FILE)
 
 
 def remove_partial_batches(batches_dir: Path) -> int:

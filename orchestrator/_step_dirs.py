@@ -6,7 +6,9 @@ share one naming rule, so it lives here once.
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 STEP_DIR_PREFIX = "step_"
 STEP_DIR_DIGITS = 6
@@ -38,3 +40,23 @@ def parse_step_dir(name: str) -> int | None:
         return None
     step = int(match.group(1))
     return step if step_dir_name(step) == name else None
+
+
+def complete_steps(directory: Path, marker: str) -> list[int]:
+    """The steps whose directory in `directory` holds the file `marker`, sorted. Blocking.
+
+    Only canonical step directories count, never through a symbolic link; a directory
+    without the marker (written, or cut short, right now) is not complete. A missing
+    `directory` means none. Raises OSError when it exists but cannot be listed.
+    """
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return []
+    return sorted(
+        step
+        for entry in entries
+        if (step := parse_step_dir(entry.name)) is not None
+        and entry.is_dir(follow_symlinks=False)
+        and Path(entry.path, marker).is_file()
+    )

@@ -12,12 +12,11 @@ code.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 from orchestrator._durable_files import fsync_dir, replace_file_atomically
-from orchestrator._step_dirs import parse_step_dir, step_dir_name
+from orchestrator._step_dirs import complete_steps, parse_step_dir, step_dir_name
 
 __all__ = [
     "MODEL_FILE",
@@ -77,21 +76,7 @@ def published_versions(weights_dir: Path) -> list[int]:
     progress, or one cut short by a crash) and every other name are ignored.
     Raises OSError when `weights_dir` exists but cannot be listed.
     """
-    versions: list[int] = []
-    try:
-        entries = list(os.scandir(weights_dir))
-    except FileNotFoundError:
-        return versions
-    for entry in entries:
-        step = parse_step_dir(entry.name)
-        if (
-            step is not None
-            and entry.is_dir(follow_symlinks=False)
-            and Path(entry.path, STABLE_MARKER).is_file()
-        ):
-            versions.append(step)
-    versions.sort()
-    return versions
+    return complete_steps(weights_dir, STABLE_MARKER)
 
 
 def latest_published_version(weights_dir: Path) -> int:
