@@ -16,7 +16,7 @@ import attrs
 import trio
 
 from ._audit import append_audit, utc_timestamp
-from ._lock import HeldLock, open_control_dir, try_acquire, wait_for_lock
+from ._lock import HeldLock, open_control_dir, release_and_close, try_acquire, wait_for_lock
 from ._plan import CollectionPlan, KeepReason, KeptEntry, PlannedDeletion, plan_collection
 from ._scan import list_root
 from ._tree import Tally, open_root, remove_tree
@@ -200,13 +200,8 @@ class _Session:
         return report
 
     def close(self) -> None:
-        try:
-            if self.lock is not None:
-                self.lock.release()
-                self.lock = None
-        finally:
-            os.close(self.control_fd)
-            os.close(self.root_fd)
+        lock, self.lock = self.lock, None
+        release_and_close(lock, self.control_fd, self.root_fd)
 
 
 def _report(

@@ -138,6 +138,17 @@ class HeldLock:
                 pass
 
 
+def release_and_close(lock: HeldLock | None, *fds: int) -> None:
+    """End a session on a root: release its lock (if it took one), then close its
+    descriptors, even when releasing fails."""
+    try:
+        if lock is not None:
+            lock.release()
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def open_control_dir(root_fd: int, root: str) -> int:
     """Open (creating it if needed) `<root>/.payload-gc`, refusing anything but a plain
     directory there. Raises `PayloadGCError` with a one-line message."""

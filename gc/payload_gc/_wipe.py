@@ -17,7 +17,7 @@ from ._audit import append_audit, utc_timestamp
 from ._collect import CollectionError, check_workers
 from ._errors import PayloadGCError, RootRefused
 from ._layout import CONTROL_NAMES, MARKER_NAME
-from ._lock import HeldLock, open_control_dir, try_acquire, wait_for_lock
+from ._lock import HeldLock, open_control_dir, release_and_close, try_acquire, wait_for_lock
 from ._plan import EntryKind, RootEntry
 from ._root_guard import refuse_unsafe_root
 from ._scan import list_root
@@ -187,13 +187,8 @@ class _Wipe:
         return report
 
     def close(self) -> None:
-        try:
-            if self.lock is not None:
-                self.lock.release()
-                self.lock = None
-        finally:
-            os.close(self.control_fd)
-            os.close(self.root_fd)
+        lock, self.lock = self.lock, None
+        release_and_close(lock, self.control_fd, self.root_fd)
 
 
 def wipe_root(root: str | os.PathLike[str], *, max_workers: int = 4) -> WipeReport:
