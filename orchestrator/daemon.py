@@ -25,7 +25,7 @@ from orchestrator.batches import TrainSample, publish_batch_async
 from orchestrator.config import Config
 from orchestrator.dispatcher import Dispatcher, DispatchSettings
 from orchestrator.environments import make_environment
-from orchestrator.http_clients import open_client_shards
+from orchestrator.http_clients import open_clients
 from orchestrator.payload_disk import delete_files, measure_tree
 from orchestrator.policy import PolicySettings, PolicyWatcher
 from orchestrator.progress import Progress, save_progress
@@ -303,7 +303,7 @@ async def run_daemon(
         # The clients outlive the nursery: no task can find them closed while it is being
         # cancelled.
         async with (
-            open_client_shards(config.inference.max_inflight) as clients,
+            open_clients(config.inference.max_inflight) as clients,
             trio.open_nursery() as nursery,
         ):
             urls = [*config.inference.urls, *await start_local_fleet(config, nursery)]
@@ -335,7 +335,7 @@ async def run_daemon(
                 dispatch_settings(config),
                 state,
                 environment,
-                clients,
+                clients.generate,
                 send,
                 lambda: daemon.sink.queued_samples,
                 daemon.file_limiter,

@@ -9,6 +9,7 @@ collector and to the sink's stale accounting).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ import trio
 import trio.lowlevel
 
 from orchestrator.environments import Environment, Prompt
-from orchestrator.http_clients import ClientShards
+from orchestrator.http11 import HTTP11Client
 from orchestrator.inference_client import (
     InferenceFailure,
     TurnOutput,
@@ -32,7 +33,7 @@ from orchestrator.inference_client import (
 from orchestrator.payload import FinalTokenRoute, version_dir
 from orchestrator.rollouts import GroupResult, RolloutResult
 from orchestrator.run_state import InflightGroup, RunState
-from orchestrator.samples import build_sample, prompt_routing_donors
+from orchestrator.samples import RoutingDonor, build_sample, prompt_routing_donors
 from orchestrator.server_pool import ServerPool
 
 log = structlog.get_logger("orchestrator.dispatch")
@@ -76,7 +77,7 @@ class Dispatcher:
     settings: DispatchSettings
     state: RunState
     environment: Environment
-    clients: ClientShards
+    client: HTTP11Client
     results: trio.MemorySendChannel[GroupResult]
     queued_samples: Callable[[], int]  # the sink's count of queued samples
     file_limiter: trio.CapacityLimiter
@@ -149,8 +150,18 @@ class Dispatcher:
             log.info("group cancelled", group=group_id, start_version=start_version)
         else:
             await self._check_files([run for run in runs if run is not None])
+
+        @functools.cache
+        def donors_for(version: int) -> list[RoutingDonor]:
+            first_turns = [
+                run.turns[0][1]
+                for run in runs
+                if run is not None and run.version == version and run.turns
+            ]
+            return prompt_routing_donors(first_turns, len(prompt.token_ids))
+
         rollouts = tuple(
-            self._finish(run, runs, prompt)
+            self._finish(run, prompt, donors_for)
             if run is not None
             else RolloutResult(f"{group_id}-r{i}", start_version, failed="cancelled")
             for i, run in enumerate(runs)
@@ -165,7 +176,7 @@ class Dispatcher:
         (the episode's tokens stay good), so the check can wait until the group is done.
         """
         checks = [
-            (run, index, turn)
+            (run, index, turn, str(run.payload_dir))
             for run in runs
             if run.payload_dir is not None
             for index, (_, turn) in enumerate(run.turns)
@@ -173,13 +184,12 @@ class Dispatcher:
         ]
         if not checks:
             return
-        root = self.settings.payload_root
 
         def check_all() -> list[str | None]:
-            return [segment_files_problem(t, root=root, version=r.version) for r, _, t in checks]
+            return [segment_files_problem(t, payload_dir=d) for _, _, t, d in checks]
 
         problems = await trio.to_thread.run_sync(check_all, limiter=self.file_limiter)
-        for (run, index, turn), problem in zip(checks, problems, strict=True):
+        for (run, index, turn, _), problem in zip(checks, problems, strict=True):
             if problem is not None:
                 self.state.failures["poisoned_payload"] += 1
                 log.warning("poisoned payload", rollout=run.rollout_id, reason=problem)
@@ -233,10 +243,13 @@ class Dispatcher:
         return run
 
     def _finish(
-        self, run: RolloutRun, group: Sequence[RolloutRun | None], prompt: Prompt
+        self,
+        run: RolloutRun,
+        prompt: Prompt,
+        donors_for: Callable[[int], list[RoutingDonor]],
     ) -> RolloutResult:
         """Score a finished rollout and build its sample (with routing borrowed from
-        siblings for prompt rows its server served from the prefix cache)."""
+        siblings of its version for prompt rows its server served from the prefix cache)."""
         settings, state = self.settings, self.state
         files = frozenset(f for _, turn in run.turns for f in turn.files)
         if run.failed is not None:
@@ -244,14 +257,8 @@ class Dispatcher:
             state.rollouts["stopped" if stopped else "failed"] += 1
             return RolloutResult(run.rollout_id, run.version, files=files, failed=run.failed)
         reward = self.environment.reward(prompt, [t.completion_ids for _, t in run.turns])
-        donors = prompt_routing_donors(
-            [
-                other.turns[0][1]
-                for other in group
-                if other is not None and other.version == run.version and other.turns
-            ],
-            len(prompt.token_ids),
-        )
+        served_from_cache = bool(run.turns) and run.turns[0][1].routing_pos > 0
+        donors = donors_for(run.version) if served_from_cache else []
         sample, routing_dropped = build_sample(
             run.rollout_id,
             run.tokens,
@@ -287,8 +294,7 @@ class Dispatcher:
         while True:
             try:
                 with trio.fail_after(settings.request_timeout_s):
-                    with self.clients.lease() as client:
-                        raw = await post_generate(client, server, body)
+                    raw = await post_generate(self.client, server, body)
                 turn = parse_generate_response(
                     raw, prompt_len=prompt_len, payload_dir=payload_dir, fields=settings.fields
                 )

@@ -7,9 +7,9 @@ files of the right size, runs in a worker thread.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,19 +17,20 @@ from typing import Any
 import attrs
 import httpx
 import numpy as np
-import trio
 
+from orchestrator.http11 import HTTP11Client, HTTPFailure
 from orchestrator.payload import (
     BadSegment,
     PayloadError,
     PayloadSegment,
+    check_segment,
+    check_segment_files,
     decode_inline,
-    validate_segment,
-    validate_segments,
 )
 
 GENERATE_PATH = "/inference/v1/generate"
 UPDATE_WEIGHTS_PATH = "/update_weights"
+JSON_HEADERS = (("content-type", "application/json"),)
 
 
 class InferenceFailure(Exception):
@@ -151,31 +152,43 @@ def parse_generate_response(
     routing_pos = choice.get("routed_experts_prompt_start", 0)
     if not isinstance(routing_pos, int) or isinstance(routing_pos, bool) or routing_pos < 0:
         raise _malformed("routed_experts_prompt_start must be a non-negative integer")
-    out = TurnOutput(completion, logprobs, finish_reason, routing_pos)
     if not fields:
-        return out
+        return TurnOutput(completion, logprobs, finish_reason, routing_pos)
     if payload_dir is None:
-        return _with_inline(out, choice, fields)
-    return _with_segments(out, choice, payload_dir, fields, prompt_len)
+        arrays, poisoned = _inline_arrays(choice, fields)
+        return TurnOutput(
+            completion, logprobs, finish_reason, routing_pos, inline=arrays, poisoned=poisoned
+        )
+    segments, files, poisoned = _segments(choice, payload_dir)
+    if poisoned is None:
+        poisoned = _check_rows(segments, fields, prompt_len, completion, routing_pos)
+    return TurnOutput(
+        completion,
+        logprobs,
+        finish_reason,
+        routing_pos,
+        segments=segments,
+        files=files,
+        poisoned=poisoned,
+    )
 
 
-def _with_inline(out: TurnOutput, choice: dict[str, Any], fields: Sequence[str]) -> TurnOutput:
+def _inline_arrays(
+    choice: dict[str, Any], fields: Sequence[str]
+) -> tuple[dict[str, tuple[np.ndarray, int]], str | None]:
     arrays: dict[str, tuple[np.ndarray, int]] = {}
     try:
         for field in fields:
             arrays[field] = decode_inline(choice.get(field), field=field)
     except BadSegment as exc:
-        return attrs.evolve(out, poisoned=f"inline {exc}")
-    return attrs.evolve(out, inline=arrays)
+        return {}, f"inline {exc}"
+    return arrays, None
 
 
-def _with_segments(
-    out: TurnOutput,
-    choice: dict[str, Any],
-    payload_dir: Path,
-    fields: Sequence[str],
-    prompt_len: int,
-) -> TurnOutput:
+def _segments(
+    choice: dict[str, Any], payload_dir: Path
+) -> tuple[dict[str, PayloadSegment], frozenset[str], str | None]:
+    """The choice's segments (each checked), their files' paths, and what is wrong."""
     raw = choice.get("payload")
     error = choice.get("payload_error")
     segments: dict[str, PayloadSegment] = {}
@@ -186,67 +199,59 @@ def _with_segments(
     if not isinstance(raw, list):
         raw = []
         problem = problem or "no payload segments"
+    directory = str(payload_dir)
     for item in raw:
         try:
             segment = PayloadSegment.from_json(item)
-            validate_segment(segment, payload_dir=payload_dir)
+            check_segment(segment)
         except BadSegment as exc:
             problem = problem or f"bad segment: {exc}"
             continue
         # Only names that passed validation are ever deleted by the orchestrator.
-        files.add(str(payload_dir / segment.file))
+        files.add(os.path.join(directory, segment.file))
         if segment.field in segments:
             problem = problem or f"two segments for {segment.field}"
         segments[segment.field] = segment
-    if problem is None:
-        problem = _check_rows(segments, fields, out, prompt_len)
-    return attrs.evolve(out, segments=segments, files=frozenset(files), poisoned=problem)
+    return segments, frozenset(files), problem
 
 
 def _check_rows(
-    segments: Mapping[str, PayloadSegment], fields: Sequence[str], out: TurnOutput, prompt_len: int
+    segments: Mapping[str, PayloadSegment],
+    fields: Sequence[str],
+    prompt_len: int,
+    completion: Sequence[int],
+    routing_pos: int,
 ) -> str | None:
     """Rows must match the turn: routing rows up to the last forwarded token, mask rows per
     completion token, both anchored where DESIGN §4 says."""
     for field in fields:
         if field not in segments:
             return f"missing segment for {field}"
-    total = prompt_len + len(out.completion_ids)
+    total = prompt_len + len(completion)
     routing = segments.get("routed_experts")
     if routing is not None and (
-        routing.pos != out.routing_pos or routing.pos + routing.rows != total - 1
+        routing.pos != routing_pos or routing.pos + routing.rows != total - 1
     ):
         return (
             f"routed_experts rows {routing.pos}..{routing.pos + routing.rows} do not end at "
             f"position {total - 2}"
         )
     mask = segments.get("sampling_mask")
-    if mask is not None and (mask.pos != prompt_len or mask.rows != len(out.completion_ids)):
-        return f"sampling_mask rows do not match the {len(out.completion_ids)} completion tokens"
+    if mask is not None and (mask.pos != prompt_len or mask.rows != len(completion)):
+        return f"sampling_mask rows do not match the {len(completion)} completion tokens"
     return None
 
 
-def segment_files_problem(turn: TurnOutput, *, root: Path, version: int) -> str | None:
-    """What is wrong with the turn's segment files on disk (missing, short, a link, not a
-    regular file), or None. Blocking: one `lstat` per file."""
+def segment_files_problem(turn: TurnOutput, *, payload_dir: str | Path) -> str | None:
+    """What is wrong with the turn's segment files in `payload_dir` (missing, short, a
+    link, not a regular file), or None. Blocking: one `lstat` per file."""
     if turn.poisoned is not None or not turn.segments:
         return None
     try:
-        validate_segments(turn.segments.values(), root=root, version=version, check_files=True)
+        check_segment_files(turn.segments.values(), payload_dir)
     except PayloadError as exc:
         return str(exc)
     return None
-
-
-async def check_segment_files(
-    turn: TurnOutput, *, root: Path, version: int, limiter: trio.CapacityLimiter
-) -> TurnOutput:
-    """`segment_files_problem` in a worker thread: the turn, poisoned if its files are bad."""
-    problem = await trio.to_thread.run_sync(
-        functools.partial(segment_files_problem, turn, root=root, version=version),
-        limiter=limiter,
-    )
-    return turn if problem is None else attrs.evolve(turn, poisoned=problem)
 
 
 class _OneChunk(httpx.AsyncByteStream):
@@ -296,24 +301,21 @@ def _transport_failure(url: str, exc: httpx.TransportError) -> InferenceFailure:
     return InferenceFailure(kind, f"{url}: {exc.__class__.__name__}")
 
 
-async def post_generate(client: httpx.AsyncClient, url: str, body: Mapping[str, Any]) -> bytes:
+async def post_generate(client: HTTP11Client, url: str, body: Mapping[str, Any]) -> bytes:
     """POST one generate request; the caller puts the deadline around it.
 
     Raises `InferenceFailure` for connection errors and non-200 answers.
     """
+    data = json.dumps(body, separators=(",", ":")).encode()
     try:
-        response = await _post_json(client, url.rstrip("/") + GENERATE_PATH, body)
-    except httpx.TimeoutException as exc:
-        raise InferenceFailure("timeout", f"{url}: {exc.__class__.__name__}") from None
-    except httpx.TransportError as exc:
-        raise _transport_failure(url, exc) from None
-    if response.status_code >= 500:
-        raise InferenceFailure("http_5xx", f"{url}: HTTP {response.status_code}")
-    if response.status_code != 200:
-        raise InferenceFailure(
-            "http_4xx", f"{url}: HTTP {response.status_code} {response.text[:200]!r}"
-        )
-    return response.content
+        reply = await client.request("POST", url.rstrip("/") + GENERATE_PATH, data, JSON_HEADERS)
+    except HTTPFailure as exc:
+        raise InferenceFailure(exc.kind, exc.detail) from None
+    if reply.status >= 500:
+        raise InferenceFailure("http_5xx", f"{url}: HTTP {reply.status}")
+    if reply.status != 200:
+        raise InferenceFailure("http_4xx", f"{url}: HTTP {reply.status} {reply.text()!r}")
+    return reply.body
 
 
 async def post_update_weights(client: httpx.AsyncClient, url: str, weight_dir: Path) -> None:

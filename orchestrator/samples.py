@@ -12,6 +12,7 @@ sample too, and the sink's reference counts keep it while either sample is queue
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -45,23 +46,34 @@ class RoutingDonor:
 
 
 def prompt_routing_donors(first_turns: Sequence[TurnOutput], prompt_len: int) -> list[RoutingDonor]:
-    """The prompt rows (positions below `prompt_len`) of each sibling's first turn.
+    """Prompt rows (positions below `prompt_len`) from the siblings' first turns: as few
+    donors as cover what the siblings cover, earliest first.
 
     Only trusted turns give rows; rows past the shared prompt belong to the sibling's own
-    completion and are clipped off.
+    completion and are clipped off. Any sibling's row at a position is as good as
+    another's, so a donor whose rows lie within those already chosen is left out.
     """
-    donors: list[RoutingDonor] = []
+    candidates: list[tuple[int, int, RoutingDonor]] = []
     for turn in first_turns:
         if turn.poisoned is not None:
             continue
         segment = turn.segments.get("routed_experts")
         if segment is not None and segment.pos < prompt_len:
             rows = min(segment.rows, prompt_len - segment.pos)
-            donors.append(RoutingDonor(segment=clip_segment(segment, 0, rows, segment.pos)))
+            donor = RoutingDonor(segment=clip_segment(segment, 0, rows, segment.pos))
+            candidates.append((segment.pos, segment.pos + rows, donor))
         inline = turn.inline.get("routed_experts")
         if inline is not None and inline[1] < prompt_len:
             array, pos = inline
-            donors.append(RoutingDonor(array=(array[: prompt_len - pos], pos)))
+            clipped = array[: prompt_len - pos]
+            candidates.append((pos, pos + len(clipped), RoutingDonor(array=(clipped, pos))))
+    candidates.sort(key=lambda c: (c[0], -c[1]))
+    donors: list[RoutingDonor] = []
+    covered = 0
+    for _, end, donor in candidates:
+        if end > covered:
+            donors.append(donor)
+            covered = end
     return donors
 
 
@@ -112,7 +124,10 @@ def build_sample(
             donors = [d.segment for d in routing_donors if d.segment is not None]
             payload, dropped = _stitch_segments(outputs, donors, length, fields, final_token_route)
             # A borrowed row's file is referenced by this sample too.
-            used = {str(payload_dir / s.file) for segs in payload.values() for s in segs if s.file}
+            directory = str(payload_dir)
+            used = {
+                os.path.join(directory, s.file) for segs in payload.values() for s in segs if s.file
+            }
             return attrs.evolve(sample, payload=payload, files=sample.files | used), dropped
         arrays = [d.array for d in routing_donors if d.array is not None]
         inline, dropped = _stitch_inline(outputs, arrays, length, fields, final_token_route)

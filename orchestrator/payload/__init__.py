@@ -28,6 +28,8 @@ from ._stitch import stitch_inline_masks as stitch_inline_masks
 from ._stitch import stitch_inline_routing as stitch_inline_routing
 from ._stitch import stitch_masks as stitch_masks
 from ._stitch import stitch_routing as stitch_routing
+from ._validate import check_segment as check_segment
+from ._validate import check_segment_files as check_segment_files
 from ._validate import validate_payload_dir as validate_payload_dir
 from ._validate import validate_segment as validate_segment
 from ._validate import validate_segments as validate_segments
@@ -46,6 +48,8 @@ __all__ = [
     "PayloadError",
     "PayloadMissing",
     "PayloadSegment",
+    "check_segment",
+    "check_segment_files",
     "clip_segment",
     "compact_routed_experts",
     "decode_inline",

@@ -16,8 +16,8 @@ class PayloadError(Exception):
 class BadSegment(PayloadError):
     """A segment (or an inline array) that must not be trusted.
 
-    `reason` is a short kind: ``not_plain_name``, ``traversal``, ``outside_payload_dir``,
-    ``wrong_version_dir``, ``field``, ``dtype``, ``shape``, ``out_of_range``, ``digest``,
+    `reason` is a short kind: ``not_plain_name``, ``traversal``, ``wrong_version_dir``,
+    ``field``, ``dtype``, ``shape``, ``out_of_range``, ``digest``,
     ``symlink``, ``not_regular_file``, ``malformed``, ``coverage``. `file` is the segment's
     file name as given (``""`` when it has none).
     """

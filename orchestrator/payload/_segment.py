@@ -41,6 +41,7 @@ FIELDS: Mapping[str, frozenset[str]] = MappingProxyType(
 FIELD_NDIM: Mapping[str, int] = MappingProxyType({"routed_experts": 3, "sampling_mask": 2})
 
 _ALL_DTYPES = frozenset().union(*FIELDS.values())
+_ITEMSIZE: Mapping[str, int] = MappingProxyType({d: np.dtype(d).itemsize for d in _ALL_DTYPES})
 _REQUIRED_KEYS = ("field", "file", "offset", "pos", "shape", "dtype", "digest")
 _OPTIONAL_KEYS = ("fill", "digest_offset", "digest_nbytes")
 
@@ -76,7 +77,8 @@ class PayloadSegment:
     @property
     def row_nbytes(self) -> int:
         """The size in bytes of one row."""
-        return math.prod(self.shape[1:]) * np.dtype(self.dtype).itemsize
+        itemsize = _ITEMSIZE.get(self.dtype) or np.dtype(self.dtype).itemsize
+        return math.prod(self.shape[1:]) * itemsize
 
     @property
     def nbytes(self) -> int:

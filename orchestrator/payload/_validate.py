@@ -38,21 +38,28 @@ def validate_payload_dir(payload_dir: Path, *, root: Path, version: int) -> None
 def validate_segment(
     segment: PayloadSegment, *, payload_dir: Path, file_size: int | None = None
 ) -> Path:
-    """Check one segment against DESIGN §4 and return the path of its file.
+    """Check one segment against DESIGN §4 (`check_segment`) and return the path of its
+    file, or `payload_dir` itself for a fill segment."""
+    check_segment(segment, file_size=file_size)
+    return payload_dir if segment.is_fill else payload_dir / segment.file
+
+
+def check_segment(segment: PayloadSegment, *, file_size: int | None = None) -> None:
+    """Check one segment against DESIGN §4.
 
     Checks, without touching the filesystem: the file is a plain name (not empty, no
-    ``/`` or ``\\``, not ``.`` or ``..``, not absolute, no NUL) whose path stays inside
-    `payload_dir`; the dtype is allowed for the field; the shape has the field's number of
+    ``/`` or ``\\``, not ``.`` or ``..``, not absolute, no NUL), so its path stays inside
+    the payload directory; the dtype is allowed for the field; the shape has the field's number of
     dimensions and no negative one; offset and pos are not negative; the digest is 32 hex
     digits and its byte range contains the segment's bytes. When `file_size` is given, the
     bytes (and the digested range) must end within it.
 
     A fill segment (``routed_experts`` only) has no file: only field, dtype and shape are
-    checked, and `payload_dir` itself is returned. A row may hold at most
+    checked. A row may hold at most
     `MAX_ROW_ELEMENTS` elements.
 
     Raises `BadSegment` (reasons ``field``, ``dtype``, ``shape``, ``not_plain_name``,
-    ``traversal``, ``outside_payload_dir``, ``out_of_range``, ``digest``, ``malformed``).
+    ``traversal``, ``out_of_range``, ``digest``, ``malformed``).
     """
     name = segment.file
     allowed = FIELDS.get(segment.field)
@@ -81,7 +88,7 @@ def validate_segment(
             raise BadSegment("malformed", name, "a fill segment has no file, offset or digest")
         if segment.pos < 0:
             raise BadSegment("out_of_range", name, f"negative pos {segment.pos}")
-        return payload_dir
+        return
     _check_plain_name(name)
     if segment.offset < 0 or segment.pos < 0:
         raise BadSegment(
@@ -99,17 +106,19 @@ def validate_segment(
         raise BadSegment(
             "out_of_range", name, "the digested byte range does not contain the segment"
         )
-    path = payload_dir / name
-    # The name is plain, so this holds; kept as a guard should the name rules ever loosen.
-    if _normalize(path).parent != _normalize(payload_dir):
-        raise BadSegment("outside_payload_dir", name, f"resolves outside {str(payload_dir)!r}")
     if file_size is not None:
-        end = digest_offset + digest_nbytes
-        if end > file_size:
-            raise BadSegment(
-                "out_of_range", name, f"bytes end at {end}, past the file's {file_size} bytes"
-            )
-    return path
+        _check_within(segment, file_size)
+
+
+def _check_within(segment: PayloadSegment, file_size: int) -> None:
+    digest_offset, digest_nbytes = segment.digest_range
+    end = digest_offset + digest_nbytes
+    if end > file_size:
+        raise BadSegment(
+            "out_of_range",
+            segment.file,
+            f"bytes end at {end}, past the file's {file_size} bytes",
+        )
 
 
 def validate_segments(
@@ -125,33 +134,47 @@ def validate_segments(
     Raises `BadSegment` (see `validate_segment`, plus ``symlink`` and ``not_regular_file``)
     or `PayloadMissing` for a missing file or directory.
     """
-    payload_dir = version_dir(root, version)
-    sizes: dict[str, int] = {}
-    if check_files:
-        _check_regular(payload_dir, "", want_dir=True)
+    segments = list(segments)
     for segment in segments:
-        if not check_files or segment.is_fill:
-            validate_segment(segment, payload_dir=payload_dir)
+        check_segment(segment)
+    if check_files:
+        check_segment_files(segments, version_dir(root, version))
+
+
+def check_segment_files(segments: Iterable[PayloadSegment], payload_dir: str | Path) -> None:
+    """The on-disk half of `validate_segments`, for segments that passed `check_segment`
+    (their names are plain): ``lstat`` `payload_dir` and each file once; neither may be a
+    symbolic link, the files must be regular files, and every segment must end within its
+    file. Blocking.
+
+    Raises `BadSegment` (``symlink``, ``not_regular_file``, ``out_of_range``) or
+    `PayloadMissing`.
+    """
+    directory = os.fspath(payload_dir)
+    _check_regular(directory, "", want_dir=True)
+    sizes: dict[str, int] = {}
+    for segment in segments:
+        if segment.is_fill:
             continue
-        # Validate the name before it is used in a path.
-        path = validate_segment(segment, payload_dir=payload_dir)
-        if segment.file not in sizes:
-            sizes[segment.file] = _check_regular(path, segment.file, want_dir=False)
-        validate_segment(segment, payload_dir=payload_dir, file_size=sizes[segment.file])
+        size = sizes.get(segment.file)
+        if size is None:
+            path = os.path.join(directory, segment.file)
+            size = sizes[segment.file] = _check_regular(path, segment.file, want_dir=False)
+        _check_within(segment, size)
 
 
-def _check_regular(path: Path, name: str, *, want_dir: bool) -> int:
+def _check_regular(path: str, name: str, *, want_dir: bool) -> int:
     """lstat `path`; return its size if it is a regular file (or a directory if `want_dir`)."""
     try:
-        st = path.lstat()
+        st = os.lstat(path)
     except FileNotFoundError:
-        raise PayloadMissing(path) from None
+        raise PayloadMissing(Path(path)) from None
     if stat.S_ISLNK(st.st_mode):
-        raise BadSegment("symlink", name, f"{str(path)!r} is a symbolic link")
+        raise BadSegment("symlink", name, f"{path!r} is a symbolic link")
     is_kind = stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode)
     if not is_kind:
         kind = "directory" if want_dir else "regular file"
-        raise BadSegment("not_regular_file", name, f"{str(path)!r} is not a {kind}")
+        raise BadSegment("not_regular_file", name, f"{path!r} is not a {kind}")
     return st.st_size
 
 

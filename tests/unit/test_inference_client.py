@@ -9,14 +9,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import trio
 
 from orchestrator.inference_client import (
     InferenceFailure,
     TurnOutput,
     build_generate_request,
-    check_segment_files,
     parse_generate_response,
+    segment_files_problem,
 )
 from orchestrator.payload import encode_inline, write_payload_file
 
@@ -163,24 +162,19 @@ def test_a_segment_from_another_version_dir_never_leaves_it(tmp_path: Path) -> N
     assert all(Path(f).parent == tmp_path / "v0" for f in turn.files)
 
 
-async def test_file_checks_catch_out_of_range_missing_and_symlinked_files(
-    tmp_path: Path,
-) -> None:
-    limiter = trio.CapacityLimiter(1)
+def test_file_checks_catch_out_of_range_missing_and_symlinked_files(tmp_path: Path) -> None:
     payload_dir = tmp_path / "v0"
     good = parse(by_handle_body(payload_dir), payload_dir)
-    assert (await check_segment_files(good, root=tmp_path, version=0, limiter=limiter)) is good
+    assert segment_files_problem(good, payload_dir=payload_dir) is None
 
     far = parse(bad_segment(payload_dir, offset=10**6), payload_dir)
-    checked = await check_segment_files(far, root=tmp_path, version=0, limiter=limiter)
-    assert checked.poisoned is not None
+    assert segment_files_problem(far, payload_dir=payload_dir) is not None
 
     (name,) = {Path(f).name for f in good.files}
     target = tmp_path / "elsewhere.bin"
     (payload_dir / name).rename(target)
-    missing = await check_segment_files(good, root=tmp_path, version=0, limiter=limiter)
-    assert missing.poisoned is not None and name in missing.poisoned
+    missing = segment_files_problem(good, payload_dir=payload_dir)
+    assert missing is not None and name in missing
 
     (payload_dir / name).symlink_to(target)
-    linked = await check_segment_files(good, root=tmp_path, version=0, limiter=limiter)
-    assert linked.poisoned is not None
+    assert segment_files_problem(good, payload_dir=payload_dir) is not None
