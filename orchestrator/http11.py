@@ -98,11 +98,13 @@ class _Connection:
 class HTTP11Client:
     """Keep-alive HTTP/1.1 client; close it with `aclose` (or use `async with`).
 
-    `max_idle` bounds the idle connections kept per origin; extra ones are closed.
+    `max_idle` bounds the idle connections kept per origin; extra ones are closed. An
+    answer longer than `max_response_bytes` is a "transport" failure.
     """
 
     tls: ssl.SSLContext | None = None
     max_idle: int = 64
+    max_response_bytes: int = MAX_RESPONSE_BYTES
     _idle: dict[Origin, list[_Connection]] = attrs.field(init=False, factory=dict)
     _closed: bool = attrs.field(init=False, default=False)
 
@@ -134,7 +136,9 @@ class HTTP11Client:
         origin, target = split_url(url)
         connection = self._checkout(origin) or await self._connect(origin)
         try:
-            reply = await _exchange(connection, origin, method, target, body, headers)
+            reply = await _exchange(
+                connection, origin, method, target, body, headers, self.max_response_bytes
+            )
         except BaseException:
             connection.close()
             raise
@@ -193,6 +197,7 @@ async def _exchange(
     target: str,
     body: bytes,
     headers: Sequence[tuple[str, str]],
+    max_response_bytes: int,
 ) -> Reply:
     protocol = connection.protocol
     where = f"{origin.scheme}://{origin.host_header}{target}"
@@ -217,14 +222,14 @@ async def _exchange(
         else:
             for part in parts:
                 await connection.stream.send_all(part)
-        return await _receive_reply(connection, where)
+        return await _receive_reply(connection, where, max_response_bytes)
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
         raise HTTPFailure("transport", f"{where}: connection lost ({exc})") from None
     except h11.ProtocolError as exc:
         raise HTTPFailure("transport", f"{where}: bad HTTP/1.1 answer ({exc})") from None
 
 
-async def _receive_reply(connection: _Connection, where: str) -> Reply:
+async def _receive_reply(connection: _Connection, where: str, max_response_bytes: int) -> Reply:
     protocol, stream = connection.protocol, connection.stream
     status: int | None = None
     chunks: list[bytes] = []
@@ -237,8 +242,10 @@ async def _receive_reply(connection: _Connection, where: str) -> Reply:
             status = event.status_code
         elif isinstance(event, h11.Data):
             size += len(event.data)
-            if size > MAX_RESPONSE_BYTES:
-                raise HTTPFailure("transport", f"{where}: answer larger than {MAX_RESPONSE_BYTES}")
+            if size > max_response_bytes:
+                raise HTTPFailure(
+                    "transport", f"{where}: answer longer than {max_response_bytes} bytes"
+                )
             chunks.append(event.data)
         elif isinstance(event, h11.EndOfMessage):
             assert status is not None  # h11 sends a Response before any EndOfMessage
