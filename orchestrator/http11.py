@@ -162,6 +162,9 @@ class HTTP11Client:
             or len(idle) >= self.max_idle
             or protocol.our_state is not h11.DONE
             or protocol.their_state is not h11.DONE
+            # Bytes the server sent past its answer, already read, would be taken for the
+            # answer to the next request on this connection.
+            or protocol.trailing_data[0]
         ):
             connection.close()
             return
