@@ -13,6 +13,7 @@ has been collected, or when cancelled (SIGINT/SIGTERM in the `run` command).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -37,6 +38,13 @@ from orchestrator.startup import find_start_point, wait_for_version, wipe_payloa
 
 log = structlog.get_logger("orchestrator")
 
+#: The payload root is walked (for the disk gauge and the "shipped batch" log line) after
+#: a shipped batch at most this often: a real run ships a batch every few seconds or more,
+#: so every batch is measured, while on a fast run the walks would take a noticeable share
+#: of the daemon's CPU (docs/benchmarks.md). The peak before each collection is measured
+#: by the collector's own scan in any case.
+PAYLOAD_MEASURE_INTERVAL_S = 1.0
+
 
 @attrs.frozen
 class RunOutcome:
@@ -57,6 +65,9 @@ class Daemon:
     state: RunState
     sink: TrainSink
     file_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(4))
+    # When the payload root was last walked, and the files it held then.
+    _measured_at: float = attrs.field(init=False, default=-math.inf)
+    _payload_files: int = attrs.field(init=False, default=0)
 
     # -- the sink side: admit finished groups, ship batches ------------------------------
 
@@ -99,8 +110,7 @@ class Daemon:
             state.next_step = step + 1
             state.notify()
             await self.save_progress()
-            files, on_disk = await measure_tree(self.config.payload_root, limiter=self.file_limiter)
-            state.record_payload_bytes(on_disk)
+            await self._measure_payload()
             staleness = max(step - 1 - q.start_version for q in queued)
             log.info(
                 "shipped batch",
@@ -111,10 +121,18 @@ class Daemon:
                 staleness=staleness,
                 discards=dict(sink.counters),
                 files_deleted=sum(state.files_deleted.values()),
-                payload_files=files,
-                payload_bytes=on_disk,
+                payload_files=self._payload_files,
+                payload_bytes=state.payload_bytes,
                 batch=str(batch_dir),
             )
+
+    async def _measure_payload(self) -> None:
+        if trio.current_time() - self._measured_at < PAYLOAD_MEASURE_INTERVAL_S:
+            return
+        self._measured_at = trio.current_time()
+        files, on_disk = await measure_tree(self.config.payload_root, limiter=self.file_limiter)
+        self._payload_files = files
+        self.state.record_payload_bytes(on_disk)
 
     # -- the policy side: sweep after each collection ------------------------------------
 

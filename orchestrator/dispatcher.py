@@ -83,6 +83,8 @@ class Dispatcher:
     file_limiter: trio.CapacityLimiter
     pool: ServerPool
     _groups_started: int = 0
+    # The last version's payload directory: one Path per version, not one per rollout.
+    _last_payload_dir: tuple[int, Path] | None = None
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start groups until cancelled. Closes the results channel when it ends."""
@@ -211,11 +213,7 @@ class Dispatcher:
     ) -> RolloutRun:
         settings, state = self.settings, self.state
         version = state.applied_version
-        payload_dir = (
-            version_dir(settings.payload_root, version)
-            if settings.by_handle and settings.fields
-            else None
-        )
+        payload_dir = self._payload_dir(version) if settings.by_handle and settings.fields else None
         run = RolloutRun(rollout_id, version, payload_dir, list(prompt.token_ids))
         for turn_index in range(settings.max_turns):
             if stop.is_set():
@@ -241,6 +239,11 @@ class Dispatcher:
                 break
             run.tokens.extend(reply)
         return run
+
+    def _payload_dir(self, version: int) -> Path:
+        if self._last_payload_dir is None or self._last_payload_dir[0] != version:
+            self._last_payload_dir = (version, version_dir(self.settings.payload_root, version))
+        return self._last_payload_dir[1]
 
     def _finish(
         self,
