@@ -1,8 +1,13 @@
 """Disk over a long run: payload bytes on disk at every step, with and without early deletion.
 
-Two runs of the same workload (200 steps by default; the demo's shape of 48 layers top-8
-of 128 experts and its staleness limits, max_off_policy_steps 2 and max_async_steps 1,
-with shorter prompts and turns and no train time so it runs in minutes):
+Two runs of the same workload (200 steps by default; the demo's model of 48 layers top-8
+of 128 experts, its mixed 1- and 3-turn environment and its staleness limits,
+max_off_policy_steps 2 and max_async_steps 1, with shorter prompts and turns and no train
+time so it runs in minutes). Batches hold 128 samples in groups of 8 (`--batch-size`,
+`--group-size`): rollouts differ in size several times over (turns, completion lengths,
+prompt rows served from the prefix cache), and with the demo's batches of 16 those swings
+alone move the bytes on disk by a quarter from step to step, hiding what the criterion is
+about, which is growth:
 
 1. **as built**: the daemon deletes the files of discarded and swept rollouts at once
    (DESIGN §6), and the collector removes versions below the bound (DESIGN §3);
@@ -22,7 +27,7 @@ The payload root's bytes per step are the larger of a walk of the tree after eve
 shipped batch and the daemon's own measurements during the step (it also measures the
 root before every collection).
 
-    uv run --frozen --group bench python bench/system_disk.py [--steps N]
+    uv run --frozen --group bench python bench/system_disk.py [--steps N] [--batch-size N]
 """
 
 from __future__ import annotations
@@ -162,6 +167,9 @@ def run_once(label: str, early_deletion: bool, args: argparse.Namespace, base: P
     cores = plan_cores()
     extra = [
         f"max_steps={args.steps}",
+        f"batch.size={args.batch_size}",
+        f"batch.group_size={args.group_size}",
+        f"inference.max_inflight={2 * args.batch_size}",
         'payload.mode="by_handle"',
         f"staleness.max_off_policy_steps={MAX_OFF_POLICY_STEPS}",
         f"staleness.max_async_steps={MAX_ASYNC_STEPS}",
@@ -244,6 +252,8 @@ def draw(as_built: RunResult, without: RunResult, path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=128, help="samples per batch")
+    parser.add_argument("--group-size", type=int, default=8, help="rollouts per prompt")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--plot", type=Path, default=PLOT, help="where to draw the curves")
     args = parser.parse_args()
@@ -319,8 +329,9 @@ def report(
             "",
             f"Two runs of {args.steps} steps by handle: model {SHAPE.layers} layers "
             f"top-{SHAPE.top_k} of {SHAPE.num_experts} experts, the demo's mixed environment "
-            "with prompts of 32..96 tokens and 32 tokens per turn, batches of 16 in groups of "
-            f"4, max_off_policy_steps {MAX_OFF_POLICY_STEPS}, max_async_steps "
+            f"with prompts of 32..96 tokens and 32 tokens per turn, batches of {args.batch_size} "
+            f"in groups of {args.group_size} (at most {2 * args.batch_size} rollouts in "
+            f"flight), max_off_policy_steps {MAX_OFF_POLICY_STEPS}, max_async_steps "
             f"{MAX_ASYNC_STEPS}, no train time; 2 local servers and the trainer as separate "
             f"processes. Cores: {cores}. Bytes on disk per step: the payload root after "
             "every shipped batch (a walk of the tree in a worker thread), or the daemon's own "

@@ -150,7 +150,10 @@ class Dispatcher:
             return
         if scope.cancelled_caught:
             log.info("group cancelled", group=group_id, start_version=start_version)
-        else:
+        elif not group.stop.is_set():
+            # A stopped group can no longer ship (the sink drops it as stale), and its
+            # version directory may already be collected: checking its files would only
+            # report them missing.
             await self._check_files([run for run in runs if run is not None])
 
         @functools.cache
@@ -191,8 +194,10 @@ class Dispatcher:
             return [segment_files_problem(t, payload_dir=d) for _, _, t, d in checks]
 
         problems = await trio.to_thread.run_sync(check_all, limiter=self.file_limiter)
+        bound = self.state.collection_bound
         for (run, index, turn, _), problem in zip(checks, problems, strict=True):
-            if problem is not None:
+            # A version collected while the check ran: the rollout is stale, not poisoned.
+            if problem is not None and run.version >= bound:
                 self.state.failures["poisoned_payload"] += 1
                 log.warning("poisoned payload", rollout=run.rollout_id, reason=problem)
                 prompt_len = run.turns[index][0]

@@ -90,6 +90,12 @@ class RunState:
         """The oldest group start version the batch being filled may contain."""
         return min_fresh_version(self.next_step, self.max_off_policy_steps)
 
+    @property
+    def collection_bound(self) -> int:
+        """The bound of the collection that follows applying `applied_version`: versions
+        below it are deleted, or about to be (`bound` is set once that collection ends)."""
+        return min_fresh_version(self.applied_version + 1, self.max_off_policy_steps)
+
     def record_payload_bytes(self, total: int) -> None:
         self.payload_bytes = total
         self.peak_payload_bytes = max(self.peak_payload_bytes, total)

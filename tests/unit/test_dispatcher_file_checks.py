@@ -1,0 +1,63 @@
+"""The dispatcher's per-group file check: a missing file poisons a rollout, unless its
+version is being collected (the rollout is stale then, not poisoned)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import trio
+from payload_gc import min_fresh_version
+
+from orchestrator.dispatcher import Dispatcher, RolloutRun
+from orchestrator.inference_client import TurnOutput
+from orchestrator.payload import PayloadSegment
+from orchestrator.run_state import RunState
+
+DIGEST = "0" * 32
+MAX_OFF_POLICY = 2
+
+
+def run_with_missing_file(root: Path, version: int) -> RolloutRun:
+    payload_dir = root / f"v{version}"
+    payload_dir.mkdir(parents=True)
+    segment = PayloadSegment("sampling_mask", "gone.bin", 0, 4, (1, 8), "bool", DIGEST)
+    turn = TurnOutput(
+        (7,),
+        (0.0,),
+        "stop",
+        0,
+        segments={"sampling_mask": segment},
+        files=frozenset({str(payload_dir / "gone.bin")}),
+    )
+    return RolloutRun("g1-r0", version, payload_dir, [1, 2, 3, 4, 7], turns=[(4, turn)])
+
+
+def dispatcher(state: RunState) -> Dispatcher:
+    # Only the state and the file limiter take part in the check.
+    unused: Any = None
+    return Dispatcher(
+        unused, state, unused, unused, unused, unused, trio.CapacityLimiter(1), unused
+    )
+
+
+async def test_a_missing_file_in_a_live_version_poisons_the_rollout(tmp_path: Path) -> None:
+    state = RunState(max_off_policy_steps=MAX_OFF_POLICY, max_async_steps=1, max_steps=0)
+    run = run_with_missing_file(tmp_path, version=0)
+    await dispatcher(state)._check_files([run])
+    assert state.failures["poisoned_payload"] == 1
+    poisoned = run.turns[0][1].poisoned
+    assert poisoned is not None and "gone.bin" in poisoned
+
+
+async def test_a_version_under_collection_is_stale_not_poisoned(tmp_path: Path) -> None:
+    # Version 6 applied: its collection removes everything below the bound, v3 included,
+    # and may be under way while the group's files are checked.
+    state = RunState(
+        max_off_policy_steps=MAX_OFF_POLICY, max_async_steps=1, max_steps=0, applied_version=6
+    )
+    assert state.collection_bound == min_fresh_version(7, MAX_OFF_POLICY) > 3
+    run = run_with_missing_file(tmp_path, version=3)
+    await dispatcher(state)._check_files([run])
+    assert state.failures["poisoned_payload"] == 0
+    assert run.turns[0][1].poisoned is None
