@@ -20,6 +20,7 @@ import trio
 import watchfiles
 from payload_gc import PayloadGCError, collect_below, min_fresh_version
 
+from orchestrator.heap import trim_heap
 from orchestrator.inference_client import InferenceFailure, post_update_weights
 from orchestrator.metrics import CollectionTimes
 from orchestrator.run_state import RunState
@@ -155,6 +156,8 @@ class PolicyWatcher:
             self.collection_times.observe_collection(time.monotonic() - started)
         state.files_deleted["collection"] += report.files
         state.bytes_deleted["collection"] += report.bytes
+        # Once per version, when a step's worth of objects has just been let go.
+        await trio.to_thread.run_sync(trim_heap, limiter=self.file_limiter)
         log.info(
             "collected",
             bound=bound,
