@@ -26,8 +26,9 @@ import attrs
 import h11
 import trio
 
-#: Bytes asked of the socket per read.
-RECEIVE_BYTES = 256 * 1024
+#: Bytes asked of the socket per read (the buffer is allocated at this size, then shrunk
+#: to what arrived: small enough to stay off mmap for the common answer of a few KiB).
+RECEIVE_BYTES = 64 * 1024
 #: A larger answer is refused: nothing the daemon asks for comes near it (an inline
 #: payload of a 128k-token rollout of a 48-layer top-8 model is about 100 MB).
 MAX_RESPONSE_BYTES = 1 << 30
