@@ -346,7 +346,7 @@ async def run_daemon(
                     poll_interval_s=config.trainer.poll_interval_s,
                 )
                 if start.resume_step > 0:
-                    await policy.apply(start.resume_step)
+                    await policy.load(start.resume_step)
             await daemon.save_progress()
             send, receive = trio.open_memory_channel[GroupResult](16)
             dispatcher = Dispatcher(
@@ -365,6 +365,11 @@ async def run_daemon(
             await nursery.start(daemon.serve_admission, receive)
             await nursery.start(daemon.serve_shipper)
             await nursery.start(dispatcher.serve)
+            if start.resumed and start.resume_step > 0:
+                # The start-up collection (DESIGN §7) runs like any policy update's, beside
+                # the rollouts of the applied version: over a root of a million files it
+                # takes minutes that the servers would otherwise sit idle.
+                nursery.start_soon(_settle_resumed, policy, start.resume_step)
             task_status.started(state)
             if config.max_steps:
                 await _wait_until_trained(state, config.max_steps)
@@ -387,6 +392,11 @@ async def run_daemon(
     return RunOutcome(
         state, daemon.sink, start.resume_step + 1, time.monotonic() - started, tuple(urls)
     )
+
+
+async def _settle_resumed(policy: PolicyWatcher, version: int) -> None:
+    await policy.settle(version)
+    log.info("resumed", version=version, bound=policy.state.bound)
 
 
 async def _wait_until_trained(state: RunState, max_steps: int) -> None:

@@ -123,16 +123,24 @@ class PolicyWatcher:
 
     async def apply(self, version: int) -> None:
         """Load `version` on every server, apply it, collect, sweep (DESIGN §5)."""
-        state, settings = self.state, self.settings
-        await broadcast_update_weights(self.client, settings, self.pool, version)
-        previous = state.applied_version
-        state.applied_version = version
-        state.notify()
+        previous = self.state.applied_version
+        await self.load(version)
+        await self.settle(version)
+        log.info("applied version", version=version, previous=previous, bound=self.state.bound)
+
+    async def load(self, version: int) -> None:
+        """Load `version` on every server and make it the applied version: rollouts
+        dispatched from now on are tagged with it."""
+        await broadcast_update_weights(self.client, self.settings, self.pool, version)
+        self.state.applied_version = version
+        self.state.notify()
+
+    async def settle(self, version: int) -> None:
+        """The rest of an update to `version`: collect below its bound, then sweep."""
         await self.collect(version)
         await self.sweep()
-        state.settled_version = version
-        state.notify()
-        log.info("applied version", version=version, previous=previous, bound=state.bound)
+        self.state.settled_version = max(self.state.settled_version, version)
+        self.state.notify()
 
     async def collect(self, version: int) -> None:
         """Delete every `v<k>` below `min_fresh_version(version + 1, m)`."""
@@ -146,7 +154,9 @@ class PolicyWatcher:
             # Disk use grows until the next collection succeeds; the run itself is safe.
             log.error("collection failed", bound=bound, error=str(exc) or repr(exc))
             return
-        state.bound = bound
+        # Collections end in the order they start (they share the root's lock), but the
+        # start-up one runs beside the watcher's: the bound never goes back.
+        state.bound = bound if state.bound is None else max(state.bound, bound)
         # Disk use peaks right before a collection. The collector measured every version
         # directory anyway: what it deleted plus what it kept is the peak, at no cost.
         before = report.bytes + sum(k.usage.bytes for k in report.kept if k.usage is not None)
