@@ -8,11 +8,12 @@ disk before anything is timed.
 
 Then it starts the daemon (in this process, with one local server as a separate
 process). The run resumes at S + 1: it applies vS and collects every version below
-min_fresh_version(S + 1, m) = S - m (DESIGN §7), here v0..v(S-m-1), before it dispatches
-anything. Measured: the time from calling `run_daemon` to the first dispatched rollout,
-the collection's own duration and rate (from payload_gc's audit log line), and the event
-loop's worst lag meanwhile (a task sleeping 1 ms at a time). After a `sync`, `rm -rf`
-removes the same version directories from the copy, timed.
+min_fresh_version(S + 1, m) = S - m (DESIGN §7), here v0..v(S-m-1), while it dispatches
+rollouts of vS. Measured: the time from calling `run_daemon` to the first dispatched
+rollout and to the end of the start-up collection, the collection's own duration and
+rate (from payload_gc's audit log line), and the event loop's worst lag meanwhile (a task
+sleeping 1 ms at a time). After a `sync`, `rm -rf` removes the same version directories
+from the copy, timed.
 
     uv run --frozen --group bench python bench/system_startup.py
         [--versions V] [--files F] [--size B] [--dir DIR]
@@ -122,6 +123,8 @@ def build_run_state(config_run_dir: Path, batches: Path, weights: Path, last_ste
 class StartupResult:
     to_first_rollout_s: float
     to_started_s: float  # run_daemon's task_status.started (dispatcher running)
+    to_collected_s: float  # the start-up collection done (the bound reached)
+    rollouts_meanwhile: int  # rollouts completed before the collection was done
     files_collected: int
     bytes_collected: int
     audit_files: int
@@ -133,7 +136,7 @@ class StartupResult:
     lag_samples: int
 
 
-async def _start_up(overrides: list[str]) -> StartupResult:
+async def _start_up(overrides: list[str], bound: int) -> StartupResult:
     config = demo_config(overrides)
     lags: list[tuple[float, float]] = []  # (wall time at wake-up, lag)
     outcome: list[RunOutcome] = []
@@ -159,6 +162,9 @@ async def _start_up(overrides: list[str]) -> StartupResult:
         while state.inflight_rollouts == 0 and not state.rollouts:  # noqa: ASYNC110
             await trio.sleep(0.001)
         to_first = time.perf_counter() - started
+        while state.bound is None or state.bound < bound:
+            await state.wait_changed()
+        to_collected = time.perf_counter() - started
         files = state.files_deleted["collection"]
         freed = state.bytes_deleted["collection"]
         nursery.cancel_scope.cancel()
@@ -173,6 +179,8 @@ async def _start_up(overrides: list[str]) -> StartupResult:
     return StartupResult(
         to_first_rollout_s=to_first,
         to_started_s=to_started,
+        to_collected_s=to_collected,
+        rollouts_meanwhile=state.rollouts["completed"],
         files_collected=files,
         bytes_collected=freed,
         audit_files=audit_files,
@@ -235,7 +243,7 @@ def main() -> int:
                 "staleness.max_async_steps=1",
                 "trainer.poll_interval_s=0.05",
             ]
-            result = trio.run(_start_up, run_overrides(run_dir, urls, SHAPE, extra))
+            result = trio.run(_start_up, run_overrides(run_dir, urls, SHAPE, extra), bound)
         os.sync()
         print(f"{stamp()} rm -rf of the same {bound} version dirs in the copy", flush=True)
         rm_started = time.perf_counter()
@@ -285,20 +293,24 @@ def report(
             f"identical copy for `rm -rf` (both built in {build_s:.0f} s and synced before "
             f"timing). The daemon resumes at step {args.versions}, applies "
             f"v{args.versions - 1} and collects below v{bound} (max_off_policy_steps "
-            f"{MAX_OFF_POLICY_STEPS}): {expected:,} files in v0..v{bound - 1}, before it "
-            f"dispatches. One local server as a separate process; cores: {cores}.",
+            f"{MAX_OFF_POLICY_STEPS}): {expected:,} files in v0..v{bound - 1}, while it "
+            f"dispatches rollouts of v{args.versions - 1}. One local server as a separate "
+            f"process; cores: {cores}.",
             "",
             "| | seconds | files/s |",
             "|---|---:|---:|",
             f"| `run_daemon` called -> first rollout dispatched | "
             f"{result.to_first_rollout_s:.2f} | |",
+            f"| `run_daemon` called -> start-up collection done | {result.to_collected_s:.2f} | |",
             f"| start-up collection (payload_gc audit log) | {result.collection_s:.2f} | "
             f"{gc_rate:,.0f} |",
             f"| `rm -rf` of the same {bound} version dirs (copy) | {rm_s:.2f} | {rm_rate:,.0f} |",
             "",
             f"- First rollout dispatched **{result.to_first_rollout_s:.1f} s** after start "
-            f"(dispatcher running after {result.to_started_s:.1f} s); the collection took "
-            f"{result.collection_s:.1f} s of it.",
+            f"(dispatcher running after {result.to_started_s:.1f} s). The collection ran "
+            f"beside the rollouts for {result.collection_s:.1f} s, done "
+            f"{result.to_collected_s:.1f} s after start; {result.rollouts_meanwhile:,} "
+            "rollouts completed meanwhile.",
             f"- Collection rate **{gc_rate:,.0f} files/s** against `rm -rf` "
             f"**{rm_rate:,.0f} files/s**: ratio {gc_rate / rm_rate:.2f}.",
             f"- Event loop (a task sleeping 1 ms at a time, {result.lag_samples:,} samples): "
