@@ -67,6 +67,7 @@ MAX_OFF_POLICY_STEPS, MAX_ASYNC_STEPS = 2, 1
 PEAK_WITHIN = MAX_OFF_POLICY_STEPS + MAX_ASYNC_STEPS + 2
 TARGET_OVERSHOOT = 0.10
 EARLY_PATHS = ("discard", "sweep")
+VERBOSE = False
 
 
 @attrs.define
@@ -153,9 +154,11 @@ async def _run(overrides: list[str], label: str, steps: int) -> RunResult:
             samples.append(
                 DiskSample(shipped, on_disk, files, bound, on_disk + EARLY.bytes_at_or_above(bound))
             )
-            if shipped % max(steps // 10, 1) == 0:
+            if shipped % max(steps // 10, 1) == 0 or VERBOSE:
                 print(
-                    f"{stamp()} {label}: step {shipped}, {on_disk / 1e6:.1f} MB in {files} files",
+                    f"{stamp()} {label}: step {shipped}, {on_disk / 1e6:.1f} MB in {files} "
+                    f"files, bound {bound}, applied {state.applied_version}, in flight "
+                    f"{state.inflight_rollouts}, completed {state.rollouts['completed']}",
                     flush=True,
                 )
     return RunResult(samples, outcome[0], time.perf_counter() - started)
@@ -173,7 +176,7 @@ def run_once(label: str, early_deletion: bool, args: argparse.Namespace, base: P
         'payload.mode="by_handle"',
         f"staleness.max_off_policy_steps={MAX_OFF_POLICY_STEPS}",
         f"staleness.max_async_steps={MAX_ASYNC_STEPS}",
-        "sim.train_time_s=0.0",
+        f"sim.train_time_s={args.train_time}",
         "trainer.poll_interval_s=0.05",
         "env.prompt_len_min=32",
         "env.prompt_len_max=96",
@@ -254,9 +257,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=128, help="samples per batch")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per prompt")
+    parser.add_argument("--train-time", type=float, default=0.0, help="seconds per step")
+    parser.add_argument("--verbose", action="store_true", help="print every step")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--plot", type=Path, default=PLOT, help="where to draw the curves")
     args = parser.parse_args()
+    global VERBOSE
+    VERBOSE = args.verbose
     if args.steps <= PEAK_WITHIN + 5:
         parser.error(f"need --steps > {PEAK_WITHIN + 5}")
     cores = plan_cores()
