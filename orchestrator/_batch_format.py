@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import math
 import operator
+import os
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -147,7 +147,7 @@ class TrainSample:
             raise ValueError("a sample carries its payload by handle or inline, not both")
         if bool(self.payload) != (self.payload_dir is not None):
             raise ValueError("payload_dir and payload come together")
-        if self.payload_dir is not None and not Path(self.payload_dir).is_absolute():
+        if self.payload_dir is not None and not os.path.isabs(self.payload_dir):
             raise ValueError(f"payload_dir must be an absolute path, got {self.payload_dir!r}")
         for field, segments in self.payload.items():
             if field not in FIELDS:

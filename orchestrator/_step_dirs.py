@@ -42,8 +42,9 @@ def parse_step_dir(name: str) -> int | None:
     return step if step_dir_name(step) == name else None
 
 
-def complete_steps(directory: Path, marker: str) -> list[int]:
-    """The steps whose directory in `directory` holds the file `marker`, sorted. Blocking.
+def complete_steps(directory: Path, marker: str, *, above: int = -1) -> list[int]:
+    """The steps above `above` whose directory in `directory` holds the file `marker`,
+    sorted. Blocking: one listing, and one `stat` per step directory above `above`.
 
     Only canonical step directories count, never through a symbolic link; a directory
     without the marker (written, or cut short, right now) is not complete. A missing
@@ -57,6 +58,7 @@ def complete_steps(directory: Path, marker: str) -> list[int]:
         step
         for entry in entries
         if (step := parse_step_dir(entry.name)) is not None
+        and step > above
         and entry.is_dir(follow_symlinks=False)
-        and Path(entry.path, marker).is_file()
+        and os.path.isfile(os.path.join(entry.path, marker))
     )

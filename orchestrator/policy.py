@@ -9,6 +9,7 @@ the bound `min_fresh_version(N + 1, m)`, below which no unread batch can referen
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -111,8 +112,10 @@ class PolicyWatcher:
                 await self.check_for_new_version()
 
     async def check_for_new_version(self) -> None:
+        above = self.state.applied_version
         versions = await trio.to_thread.run_sync(
-            published_versions, self.settings.weights_dir, limiter=self.file_limiter
+            functools.partial(published_versions, self.settings.weights_dir, above=above),
+            limiter=self.file_limiter,
         )
         # A version is only legitimate once its batch has shipped: anything newer is a
         # leftover of another run in the same weights directory.

@@ -69,14 +69,17 @@ def publish_weights(weights_dir: Path, step: int, *, fsync: bool = True) -> Path
     return step_dir
 
 
-def published_versions(weights_dir: Path) -> list[int]:
-    """The published versions, sorted: the `step_<digits>` directories holding `STABLE`.
+def published_versions(weights_dir: Path, *, above: int = -1) -> list[int]:
+    """The published versions above `above`, sorted: the `step_<digits>` directories
+    holding `STABLE`.
 
     A missing `weights_dir` means none. Directories without the marker (a publish in
-    progress, or one cut short by a crash) and every other name are ignored.
-    Raises OSError when `weights_dir` exists but cannot be listed.
+    progress, or one cut short by a crash) and every other name are ignored. Only
+    directories above `above` are looked into, so a watcher polling for new versions does
+    not re-examine every version of a long run. Raises OSError when `weights_dir` exists
+    but cannot be listed.
     """
-    return complete_steps(weights_dir, STABLE_MARKER)
+    return complete_steps(weights_dir, STABLE_MARKER, above=above)
 
 
 def latest_published_version(weights_dir: Path) -> int:

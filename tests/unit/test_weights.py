@@ -96,3 +96,14 @@ def test_published_versions_and_latest(tmp_path: Path) -> None:
     (weights_dir / "step_000040").symlink_to(weights_dir / "step_000012")
     assert published_versions(weights_dir) == [1, 5, 12]
     assert latest_published_version(weights_dir) == 12
+
+
+def test_published_versions_above_a_version_look_only_at_newer_directories(
+    tmp_path: Path,
+) -> None:
+    weights_dir = tmp_path / "weights"
+    for step in (1, 2, 3, 7):
+        publish_weights(weights_dir, step, fsync=False)
+    assert published_versions(weights_dir, above=2) == [3, 7]
+    assert published_versions(weights_dir, above=7) == []
+    assert published_versions(weights_dir, above=-1) == published_versions(weights_dir)
