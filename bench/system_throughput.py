@@ -7,8 +7,8 @@ collector) is what limits the rate. The daemon runs in this process, pinned to c
 the servers (`orchestrator sim-inference`) and the trainer (`orchestrator sim-trainer`)
 are separate processes pinned to the other core. Every round is a fresh run with fresh
 servers (cold prefix caches alike). Three workloads, each with its own rounds: a
-production MoE with prompts of a few hundred tokens (the target's), the same with prompts
-of a few dozen, and a tiny model whose payloads cost next to nothing, which shows the
+production MoE with prompts of a few dozen tokens (the target's), the same with prompts
+of a few hundred, and a tiny model whose payloads cost next to nothing, which shows the
 daemon's fixed cost per rollout. Per workload, after an unreported warm-up round the
 modes alternate by handle, inline, inline, by handle, so drift hits both alike.
 
@@ -74,11 +74,12 @@ class Workload:
 
 
 SHAPES = {
-    # The target's workload: a production MoE and prompts of a few hundred tokens, still
-    # a tenth of the ~4.5k-token rollouts the target's fleet figure assumes.
-    "moe": Workload(ModelShape(), 384, 512),
-    # Prompts of a few dozen tokens: inline payloads of a few KiB.
-    "moe-short": Workload(ModelShape(), 16, 32),
+    # The target's workload, short rollouts as the target asks: a production MoE, prompts
+    # of a few dozen tokens, inline payloads of a few KiB.
+    "moe": Workload(ModelShape(), 16, 32),
+    # Prompts of a few hundred tokens, still a tenth of the ~4.5k-token rollouts behind
+    # the target's fleet figure: inline payloads of a few hundred KiB.
+    "moe-long": Workload(ModelShape(), 384, 512),
     # Payloads of a few hundred bytes: the daemon's fixed cost per rollout.
     "tiny": Workload(ModelShape(layers=4, top_k=2, num_experts=16), 16, 32),
 }
@@ -400,11 +401,12 @@ def report(
         f"{args.batch_size} samples in groups of {args.group_size}, max_inflight "
         f"{args.max_inflight}, max_async_steps 2, {args.steps} batches per round, trainer with "
         f"zero train time; {args.servers} zero-latency `orchestrator sim-inference` "
-        "processes. Three workloads: a production MoE with prompts of a few hundred tokens "
-        "(the target's: still a tenth of the ~4.5k-token rollouts behind the target's fleet "
-        "figure), the same model with prompts of a few dozen tokens (inline payloads of a "
-        "few KiB), and a tiny model (payloads of a few hundred bytes: the daemon's fixed "
-        "cost per rollout, where inline costs next to nothing). Inline payloads grow with "
+        "processes. Three workloads: a production MoE with prompts of a few dozen tokens "
+        "(the target's short rollouts; inline payloads of a few KiB), the same model with "
+        "prompts of a few hundred tokens (still a tenth of the ~4.5k-token rollouts behind "
+        "the target's fleet figure; inline payloads of a few hundred KiB), and a tiny model "
+        "(payloads of a few hundred bytes: the daemon's fixed cost per rollout, where "
+        "inline costs next to nothing). Inline payloads grow with "
         "tokens x layers x top-k; by handle, only the file checks and deletions are per "
         f"file. Cores: {cores.describe()}. Each round is a fresh run with fresh "
         "servers; per workload an unreported warm-up round, then by handle, inline, inline, by "
