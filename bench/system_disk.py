@@ -68,14 +68,14 @@ from system_fleet import (
     plan_cores,
     quiet_daemon_logs,
     run_overrides,
+    running_daemon,
     sim_servers,
     sim_trainer,
     stamp,
 )
 
-from orchestrator.daemon import Daemon, RunOutcome, run_daemon
+from orchestrator.daemon import Daemon, RunOutcome
 from orchestrator.payload_disk import tree_bytes
-from orchestrator.run_state import RunState
 
 PLOT = REPO / "docs" / "disk_per_step.png"
 SHAPE = ModelShape(layers=48, top_k=8, num_experts=128)
@@ -144,20 +144,14 @@ class RunResult:
 async def _run(overrides: list[str], label: str, steps: int) -> RunResult:
     config = demo_config(overrides)
     samples: list[DiskSample] = []
-    outcome: list[RunOutcome] = []
     started = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-
-        async def daemon(task_status: trio.TaskStatus[RunState]) -> None:
-            outcome.append(await run_daemon(config, task_status=task_status))
-            nursery.cancel_scope.cancel()
-
-        state: RunState = await nursery.start(daemon)
+    async with running_daemon(config) as run:
+        state = run.state
         shipped = state.next_step - 1
         # The daemon measures the root itself after each batch and before each collection
         # (into `payload_bytes`); the largest value it reported during a step counts too.
         daemon_max = 0
-        while not outcome:
+        while run.outcome is None:
             await state.wait_changed()
             daemon_max = max(daemon_max, state.payload_bytes)
             if state.next_step - 1 == shipped:
@@ -177,7 +171,8 @@ async def _run(overrides: list[str], label: str, steps: int) -> RunResult:
                     f"{state.inflight_rollouts}, completed {state.rollouts['completed']}",
                     flush=True,
                 )
-    return RunResult(samples, outcome[0], time.perf_counter() - started)
+    assert run.outcome is not None
+    return RunResult(samples, run.outcome, time.perf_counter() - started)
 
 
 def run_once(label: str, early_deletion: bool, args: argparse.Namespace, base: Path) -> RunResult:

@@ -17,13 +17,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import attrs
+import trio
 
 from orchestrator.config import Config, load_config
+from orchestrator.daemon import RunOutcome, run_daemon
 from orchestrator.logs import configure_logging
+from orchestrator.run_state import RunState
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.toml"
@@ -181,6 +184,34 @@ def run_overrides(
 
 def demo_config(overrides: Sequence[str]) -> Config:
     return load_config(DEMO, overrides)
+
+
+@attrs.frozen
+class DaemonRun:
+    """The daemon running in this process (see `running_daemon`)."""
+
+    state: RunState
+    _ended: list[RunOutcome]
+
+    @property
+    def outcome(self) -> RunOutcome | None:
+        """What the run returned, once it has ended."""
+        return self._ended[0] if self._ended else None
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(config: Config) -> AsyncIterator[DaemonRun]:
+    """`run_daemon(config)` in this process, entered once it is dispatching. When the run
+    ends (at `max_steps`), the block is cancelled; when the block ends, so is the run."""
+    ended: list[RunOutcome] = []
+    async with trio.open_nursery() as nursery:
+
+        async def daemon(task_status: trio.TaskStatus[RunState]) -> None:
+            ended.append(await run_daemon(config, task_status=task_status))
+            nursery.cancel_scope.cancel()
+
+        yield DaemonRun(await nursery.start(daemon), ended)
+        nursery.cancel_scope.cancel()
 
 
 def rss_bytes(pid: int | str = "self") -> int:

@@ -40,12 +40,13 @@ from system_fleet import (
     quiet_daemon_logs,
     rss_bytes,
     run_overrides,
+    running_daemon,
     sim_servers,
     sim_trainer,
     stamp,
 )
 
-from orchestrator.daemon import Daemon, RunOutcome, run_daemon
+from orchestrator.daemon import Daemon, RunOutcome
 from orchestrator.run_state import RunState
 from orchestrator.sink import TrainSink
 
@@ -137,19 +138,13 @@ async def _soak(
 ) -> tuple[list[StepSample], RunOutcome, Growth | None]:
     config = demo_config(overrides)
     samples: list[StepSample] = []
-    outcome: list[RunOutcome] = []
     started = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-
-        async def daemon(task_status: trio.TaskStatus[RunState]) -> None:
-            outcome.append(await run_daemon(config, task_status=task_status))
-            nursery.cancel_scope.cancel()
-
-        state: RunState = await nursery.start(daemon)
+    async with running_daemon(config) as run:
+        state = run.state
         sink = find_sink(state)
         shipped = state.next_step - 1
         baseline: tracemalloc.Snapshot | None = None
-        while not outcome:
+        while run.outcome is None:
             await state.wait_changed()
             if state.next_step - 1 == shipped:
                 continue
@@ -177,7 +172,8 @@ async def _soak(
     growth = None
     if baseline is not None:
         growth = _growth(baseline, _snapshot(), trace_from or 0, shipped)
-    return samples, outcome[0], growth
+    assert run.outcome is not None
+    return samples, run.outcome, growth
 
 
 def _snapshot() -> tracemalloc.Snapshot:

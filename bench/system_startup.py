@@ -44,14 +44,13 @@ from system_fleet import (
     plan_cores,
     quiet_daemon_logs,
     run_overrides,
+    running_daemon,
     sim_servers,
     stamp,
 )
 
 from orchestrator.batches import publish_batch
-from orchestrator.daemon import RunOutcome, run_daemon
 from orchestrator.progress import Progress, save_progress
-from orchestrator.run_state import RunState
 from orchestrator.weights import publish_weights
 
 MAX_OFF_POLICY_STEPS = 2
@@ -139,7 +138,6 @@ class StartupResult:
 async def _start_up(overrides: list[str], bound: int) -> StartupResult:
     config = demo_config(overrides)
     lags: list[tuple[float, float]] = []  # (wall time at wake-up, lag)
-    outcome: list[RunOutcome] = []
 
     async def probe() -> None:
         while True:
@@ -151,22 +149,20 @@ async def _start_up(overrides: list[str], bound: int) -> StartupResult:
         nursery.start_soon(probe)
         await trio.sleep(0.01)
         started, wall_started = time.perf_counter(), time.time()
-
-        async def daemon(task_status: trio.TaskStatus[RunState]) -> None:
-            outcome.append(await run_daemon(config, task_status=task_status))
-
-        state: RunState = await nursery.start(daemon)
-        to_started = time.perf_counter() - started
-        # The dispatcher counts a rollout in flight as it starts the group's task.
-        # Polled: nothing notifies when a group starts. 1 ms keeps the poll off the CPU.
-        while state.inflight_rollouts == 0 and not state.rollouts:  # noqa: ASYNC110
-            await trio.sleep(0.001)
-        to_first = time.perf_counter() - started
-        while state.bound is None or state.bound < bound:
-            await state.wait_changed()
-        to_collected = time.perf_counter() - started
-        files = state.files_deleted["collection"]
-        freed = state.bytes_deleted["collection"]
+        async with running_daemon(config) as run:
+            state = run.state
+            to_started = time.perf_counter() - started
+            # The dispatcher counts a rollout in flight as it starts the group's task.
+            # Polled: nothing notifies when a group starts. 1 ms keeps the poll off the CPU.
+            while state.inflight_rollouts == 0 and not state.rollouts:  # noqa: ASYNC110
+                await trio.sleep(0.001)
+            to_first = time.perf_counter() - started
+            while state.bound is None or state.bound < bound:
+                await state.wait_changed()
+            to_collected = time.perf_counter() - started
+            rollouts_meanwhile = state.rollouts["completed"]
+            files = state.files_deleted["collection"]
+            freed = state.bytes_deleted["collection"]
         nursery.cancel_scope.cancel()
     audit_files, audit_start, audit_s = _start_up_collection(config.payload_root)
     # A lag belongs to the collection when the stall it measures overlaps it.
@@ -180,7 +176,7 @@ async def _start_up(overrides: list[str], bound: int) -> StartupResult:
         to_first_rollout_s=to_first,
         to_started_s=to_started,
         to_collected_s=to_collected,
-        rollouts_meanwhile=state.rollouts["completed"],
+        rollouts_meanwhile=rollouts_meanwhile,
         files_collected=files,
         bytes_collected=freed,
         audit_files=audit_files,

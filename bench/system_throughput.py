@@ -45,13 +45,11 @@ from system_fleet import (
     plan_cores,
     quiet_daemon_logs,
     run_overrides,
+    running_daemon,
     sim_servers,
     sim_trainer,
     stamp,
 )
-
-from orchestrator.daemon import RunOutcome, run_daemon
-from orchestrator.run_state import RunState
 
 TARGET_ROLLOUTS_PER_S = 1000.0
 # The target's shape: a production MoE (48 layers, top-8 of 128 experts, as in
@@ -139,17 +137,11 @@ async def _measure(
     completed rollouts) at every shipped batch."""
     config = demo_config(overrides)
     samples: list[tuple[float, float, float, int]] = []
-    async with trio.open_nursery() as nursery:
-        outcome: list[RunOutcome] = []
-
-        async def daemon(task_status: trio.TaskStatus[RunState]) -> None:
-            outcome.append(await run_daemon(config, task_status=task_status))
-            nursery.cancel_scope.cancel()
-
-        state: RunState = await nursery.start(daemon)
+    async with running_daemon(config) as run:
+        state = run.state
         samples.append((time.perf_counter(), cpu_seconds(), time.thread_time(), 0))
         shipped = state.next_step
-        while not outcome:
+        while run.outcome is None:
             # A cheap poll: waking on every state change would add work to the loop we
             # measure; 10 ms is fine-grained enough for rounds of several seconds.
             await trio.sleep(0.01)
@@ -163,8 +155,8 @@ async def _measure(
                         state.rollouts["completed"],
                     )
                 )
-    final = outcome[0].state
-    return samples, final.rollouts, dict(outcome[0].sink.counters)
+    assert run.outcome is not None
+    return samples, run.outcome.state.rollouts, dict(run.outcome.sink.counters)
 
 
 def run_round(
