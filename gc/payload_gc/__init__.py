@@ -26,24 +26,40 @@ from ._plan import (
 )
 from ._render import human_bytes, plan_json, render_plan, render_report, report_json
 from ._scan import plan_root, scan_root
-from ._versions import min_fresh_version, parse_version
+from ._version_files import (
+    BadFileName,
+    FileRemoval,
+    PayloadRootFiles,
+    VersionDir,
+    VersionDirMissing,
+    VersionDirRefused,
+    plain_name_problem,
+    remove_files,
+)
+from ._versions import min_fresh_version, parse_version, version_name
 from ._wipe import WipeReport, init_root, wipe_root, wipe_root_async
 
 __all__ = [
+    "BadFileName",
     "CollectionError",
     "CollectionPlan",
     "CollectionReport",
     "DeletedDir",
     "EntryKind",
+    "FileRemoval",
     "KeepReason",
     "KeptEntry",
     "LockHeld",
     "PayloadGCError",
+    "PayloadRootFiles",
     "PlannedDeletion",
     "RootEntry",
     "RootMissing",
     "RootRefused",
     "Usage",
+    "VersionDir",
+    "VersionDirMissing",
+    "VersionDirRefused",
     "WipeReport",
     "collect_below",
     "collect_below_sync",
@@ -51,13 +67,16 @@ __all__ = [
     "init_root",
     "min_fresh_version",
     "parse_version",
+    "plain_name_problem",
     "plan_collection",
     "plan_json",
     "plan_root",
+    "remove_files",
     "render_plan",
     "render_report",
     "report_json",
     "scan_root",
+    "version_name",
     "wipe_root",
     "wipe_root_async",
 ]

@@ -17,9 +17,10 @@ import trio
 
 from ._audit import append_audit, utc_timestamp
 from ._lock import HeldLock, open_control_dir, release_and_close, try_acquire, wait_for_lock
+from ._mounts import MountId, fd_mount_id
 from ._plan import CollectionPlan, KeepReason, KeptEntry, PlannedDeletion, plan_collection
 from ._scan import list_root
-from ._tree import Tally, open_root, remove_tree
+from ._tree import MOUNT_POINT_LEFT, Tally, open_root, remove_tree
 from ._versions import format_bound
 
 log = logging.getLogger("payload_gc")
@@ -94,7 +95,9 @@ class _Session:
 
     root: str
     root_fd: int
-    root_dev: int
+    #: The root's mount identity, taken once when it is opened: nothing on another
+    #: mount is entered.
+    root_mount: MountId
     control_fd: int
     started: float
     started_wall: float
@@ -105,6 +108,7 @@ class _Session:
         path = str(Path(root).absolute())
         root_fd = open_root(path)
         try:
+            root_mount = fd_mount_id(root_fd)
             control_fd = open_control_dir(root_fd, path)
         except BaseException:
             os.close(root_fd)
@@ -112,7 +116,7 @@ class _Session:
         return cls(
             root=path,
             root_fd=root_fd,
-            root_dev=os.fstat(root_fd).st_dev,
+            root_mount=root_mount,
             control_fd=control_fd,
             started=time.monotonic(),
             started_wall=time.time(),
@@ -125,7 +129,8 @@ class _Session:
         self.started_wall = time.time()
 
     def plan(self, bound: int) -> CollectionPlan:
-        return plan_collection(list_root(self.root_fd, measure=False), bound)
+        entries = list_root(self.root_fd, measure=False, root_mount=self.root_mount)
+        return plan_collection(entries, bound)
 
     def remove(self, deletion: PlannedDeletion) -> _Removal:
         """Delete one planned entry; never raises for file-system problems."""
@@ -152,7 +157,7 @@ class _Session:
             # Replaced by a file since the plan: files named like versions stay.
             return _Removal(deletion, gone=False, tally=tally, kept=KeepReason.NOT_A_DIRECTORY)
         try:
-            gone = remove_tree(self.root_fd, deletion.name, deletion.name, self.root_dev, tally)
+            gone = remove_tree(self.root_fd, deletion.name, deletion.name, self.root_mount, tally)
         except OSError as exc:
             # remove_tree records the problems it expects; anything else (e.g. running
             # out of file descriptors) still only fails this one directory.
@@ -209,7 +214,13 @@ def _report(
 ) -> CollectionReport:
     deleted: list[DeletedDir] = []
     kept = list(plan.keep)
-    errors: list[CollectionError] = []
+    # A mount point below the bound stays (never entered): the root is not fully
+    # collected, so it counts as an error like a directory that could not be deleted.
+    errors = [
+        (k.version or 0, CollectionError(k.name, MOUNT_POINT_LEFT))
+        for k in plan.keep
+        if k.reason is KeepReason.MOUNT_POINT
+    ]
     files = size = 0
     for removal in sorted(removals, key=lambda r: r.deletion.version):
         d, tally = removal.deletion, removal.tally
@@ -220,13 +231,13 @@ def _report(
         elif removal.kept is not None:
             kept.append(KeptEntry(d.name, removal.kept, d.version, None))
         if tally.problem_count:
-            errors.append(CollectionError(d.name, tally.summary()))
+            errors.append((d.version, CollectionError(d.name, tally.summary())))
     return CollectionReport(
         root=root,
         bound=plan.bound,
         deleted=tuple(deleted),
         kept=tuple(kept),
-        errors=tuple(errors),
+        errors=tuple(e for _, e in sorted(errors, key=lambda ve: ve[0])),
         files=files,
         bytes=size,
         duration_s=duration_s,
@@ -240,10 +251,12 @@ def collect_below_sync(
     `max_workers` threads (one version directory per thread at a time).
 
     Follows the rules of DESIGN §8: no symbolic link is followed (a link named like a
-    version is unlinked), no other filesystem is entered, missing files count as
-    deleted, and one audit line is appended. A directory that cannot be deleted entirely
-    (e.g. permission denied) is reported in `errors` (outcome `partial`); the rest is
-    still collected.
+    version is unlinked), no mount point is entered (another filesystem or a bind mount
+    of the root's own, told apart by mount id), missing files count as deleted, and one
+    audit line is appended. A directory that cannot be deleted entirely (e.g. permission
+    denied, or a mount point inside it) and a `v<k>` below the bound that is itself a
+    mount point (left in place) are reported in `errors` (outcome `partial`); the rest
+    is still collected.
 
     Raises `RootMissing`, `RootRefused` (a symbolic link or not a directory), `LockHeld`
     (another collector is running: this call does not wait), `PayloadGCError` (the

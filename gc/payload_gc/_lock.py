@@ -36,6 +36,10 @@ LOCK_POLL_INITIAL_S = 0.05
 LOCK_POLL_MAX_S = 1.0
 #: Attempts at creating the lock when a stale one was just removed under us.
 _ATTEMPTS = 3
+#: A lock file this young that holds no owner (empty or partial) is most likely being
+#: written by a collector that is just starting: it is reported as such, never as one to
+#: delete.
+STARTING_GRACE_S = 10.0
 
 
 @attrs.frozen
@@ -235,16 +239,22 @@ def _held_error(control_fd: int, root: str, holder: LockOwner | None) -> LockHel
     path = f"{root}/{CONTROL_DIR_NAME}/{LOCK_NAME}"
     if holder is None:
         try:
-            age = time.time() - os.stat(LOCK_NAME, dir_fd=control_fd).st_mtime
+            # Clamped: a file server's clock may run ahead of ours.
+            age = max(0.0, time.time() - os.stat(LOCK_NAME, dir_fd=control_fd).st_mtime)
         except OSError:
-            age = 0.0
-        return LockHeld(
-            f"payload root {root} is locked ({path}, unreadable, {age:.0f} s old); "
-            "another collector may be starting: retry, or delete the file if none runs",
-            host=None,
-            pid=None,
-            age_s=age,
-        )
+            age = 0.0  # gone meanwhile: a retry will find it free or written
+        if age < STARTING_GRACE_S:
+            message = (
+                f"payload root {root} is locked ({path}): another collector is starting "
+                "and still writing its lock; retry in a few seconds"
+            )
+        else:
+            message = (
+                f"payload root {root} is locked ({path}), but the lock file names no "
+                f"holder (empty or unreadable) and is {age:.0f} s old; first make sure no "
+                "collector runs on any host that uses this root, then delete the file"
+            )
+        return LockHeld(message, host=None, pid=None, age_s=age)
     age = max(0.0, time.time() - holder.time)
     return LockHeld(
         f"payload root {root} is locked by pid {holder.pid} on {holder.host} "

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import attrs
 
 from ._layout import CONTROL_NAMES, MARKER_NAME
-from ._versions import parse_version
+from ._versions import is_noncanonical_version, parse_version
 
 
 class EntryKind(enum.Enum):
@@ -30,9 +30,15 @@ class KeepReason(enum.Enum):
 
     AT_OR_ABOVE_BOUND = "at or above the bound"
     NOT_A_VERSION = "name is not v<digits>"
+    #: `v010`, `v00`: digits, but not the one spelling writers use for a version.
+    NOT_CANONICAL = "not a canonical version name (v<k> without leading zeros)"
     NOT_A_DIRECTORY = "named like a version but not a directory"
     CONTROL = "payload-gc control entry"
-    OTHER_FILESYSTEM = "mount point of another filesystem"
+    #: A mount point (another filesystem, or a bind mount of the root's own): never
+    #: entered. A real collection reports it as an error, since it stays below the bound.
+    MOUNT_POINT = "mount point (not entered)"
+    #: The former name of `MOUNT_POINT` (an alias: the same member).
+    OTHER_FILESYSTEM = "mount point (not entered)"
 
 
 @attrs.frozen
@@ -48,8 +54,10 @@ class Usage:
 class RootEntry:
     """One direct child of a payload root.
 
-    `same_filesystem` is false for a mount point. `usage` is what the directory holds,
-    `Usage(0, 0)` for a symbolic link (never entered), and `None` when not measured.
+    `same_filesystem` is false for a mount point: an entry on another mount than the
+    root's (another filesystem, or a bind mount of the same one). `usage` is what the
+    directory holds, `Usage(0, 0)` for a symbolic link (never entered), and `None` when
+    not measured.
     """
 
     name: str
@@ -107,12 +115,14 @@ class CollectionPlan:
 
     @property
     def foreign(self) -> tuple[str, ...]:
-        """Names of entries that are neither version directories nor payload_gc's own:
-        a root holding such entries and no marker may not be a payload root at all."""
+        """Names of entries that are neither version directories nor payload_gc's own
+        (non-canonical names like `v010` included): a root holding such entries and no
+        marker may not be a payload root at all."""
         return tuple(
             k.name
             for k in self.keep
-            if k.reason in (KeepReason.NOT_A_VERSION, KeepReason.NOT_A_DIRECTORY)
+            if k.reason
+            in (KeepReason.NOT_A_VERSION, KeepReason.NOT_CANONICAL, KeepReason.NOT_A_DIRECTORY)
         )
 
 
@@ -128,6 +138,8 @@ def keep_reason(entry: RootEntry, bound: int) -> KeepReason | None:
         return KeepReason.CONTROL
     version = entry.version
     if version is None:
+        if is_noncanonical_version(entry.name):
+            return KeepReason.NOT_CANONICAL
         return KeepReason.NOT_A_VERSION
     if version >= bound:
         return KeepReason.AT_OR_ABOVE_BOUND
@@ -136,7 +148,7 @@ def keep_reason(entry: RootEntry, bound: int) -> KeepReason | None:
     if entry.kind is not EntryKind.DIRECTORY:
         return KeepReason.NOT_A_DIRECTORY
     if not entry.same_filesystem:
-        return KeepReason.OTHER_FILESYSTEM
+        return KeepReason.MOUNT_POINT
     return None
 
 

@@ -5,36 +5,41 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ._mounts import MountId, entry_mount_id, fd_mount_id
 from ._plan import CollectionPlan, EntryKind, RootEntry, Usage, plan_collection
 from ._tree import entry_kind, list_dir, measure_dir, open_root
 
 
-def list_root(root_fd: int, *, measure: bool) -> list[RootEntry]:
+def list_root(root_fd: int, *, measure: bool, root_mount: MountId | None = None) -> list[RootEntry]:
     """The direct children of the open root, without following links; with `measure`,
-    version-named directories on the root's filesystem carry their usage (links
-    `Usage(0, 0)`). Entries that vanish while listed are left out."""
-    root_dev = os.fstat(root_fd).st_dev
+    version-named directories on the root's mount carry their usage (links
+    `Usage(0, 0)`). An entry whose mount identity is not `root_mount` (the root's, taken
+    from `root_fd` when not given) is a mount point: `same_filesystem=False`, never
+    entered. Entries that vanish while listed are left out."""
+    if root_mount is None:
+        root_mount = fd_mount_id(root_fd)
     entries: list[RootEntry] = []
     for dirent in list_dir(root_fd):
         try:
             st = dirent.stat(follow_symlinks=False)
+            on_root_mount = entry_mount_id(root_fd, dirent.name) == root_mount
         except FileNotFoundError:
             continue
         kind = entry_kind(st.st_mode)
-        entry = RootEntry(dirent.name, kind, same_filesystem=st.st_dev == root_dev)
+        entry = RootEntry(dirent.name, kind, same_filesystem=on_root_mount)
         if measure and entry.version is not None:
-            entry = _measured(root_fd, entry, root_dev)
+            entry = _measured(root_fd, entry, root_mount)
         entries.append(entry)
     return entries
 
 
-def _measured(root_fd: int, entry: RootEntry, root_dev: int) -> RootEntry:
+def _measured(root_fd: int, entry: RootEntry, root_mount: MountId) -> RootEntry:
     if entry.kind is EntryKind.SYMLINK:
         return RootEntry(entry.name, entry.kind, entry.same_filesystem, Usage(0, 0))
     if entry.kind is not EntryKind.DIRECTORY or not entry.same_filesystem:
         return entry
     try:
-        usage = measure_dir(root_fd, entry.name, root_dev)
+        usage = measure_dir(root_fd, entry.name, root_mount)
     except OSError:
         # Vanished or unreadable: shown as unmeasured rather than failing the listing.
         return entry

@@ -1,10 +1,12 @@
 """File-descriptor-relative walking and deletion that never follows a symbolic link and
-never leaves the root's filesystem.
+never leaves the root's mount (a bind mount of the same filesystem included).
 
 Every path below the root is reached as `name` relative to an open directory descriptor
 (`os.open(..., dir_fd=...)` with `O_NOFOLLOW | O_DIRECTORY`), so swapping a directory for
-a link while we work cannot redirect us outside the root. All functions here block: the
-async API runs them in worker threads.
+a link while we work cannot redirect us outside the root. Every directory is opened
+first and then checked against the root's mount identity (`_mounts.fd_mount_id`, one
+`statx` per directory, none per file), so a mount point is never entered. All functions
+here block: the async API runs them in worker threads.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import stat
 import attrs
 
 from ._errors import PayloadGCError, RootMissing, RootRefused
+from ._mounts import MountId, fd_mount_id
 from ._plan import EntryKind, Usage
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -96,16 +99,20 @@ def list_dir(dir_fd: int) -> list[os.DirEntry[str]]:
         return list(it)
 
 
-def measure_dir(parent_fd: int, name: str, root_dev: int) -> Usage:
+def measure_dir(parent_fd: int, name: str, root_mount: MountId) -> Usage:
     """Count the files and bytes below directory `name` of `parent_fd` without following
-    links or crossing into another filesystem. Entries that vanish or cannot be read
-    count as nothing.
+    links or entering a mount point (a directory whose mount identity is not
+    `root_mount`, the root's; `name` itself included: then nothing is counted). Entries
+    that vanish or cannot be read count as nothing.
 
     Raises `OSError` if `name` itself cannot be opened and listed as a directory.
     """
     files = size = 0
     top = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     try:
+        if fd_mount_id(top) != root_mount:
+            os.close(top)
+            return Usage(files=0, bytes=0)
         frames = [(top, list_dir(top))]
     except OSError:
         os.close(top)
@@ -122,7 +129,7 @@ def measure_dir(parent_fd: int, name: str, root_dev: int) -> Usage:
                 if entry.is_dir(follow_symlinks=False):
                     child = os.open(entry.name, DIR_FLAGS, dir_fd=fd)
                     try:
-                        if os.fstat(child).st_dev == root_dev:
+                        if fd_mount_id(child) == root_mount:
                             frames.append((child, list_dir(child)))
                             continue
                     except OSError:
@@ -152,18 +159,19 @@ class _Frame:
     rescans: int = 0
 
 
-def remove_tree(parent_fd: int, name: str, path: str, root_dev: int, tally: Tally) -> bool:
+def remove_tree(parent_fd: int, name: str, path: str, root_mount: MountId, tally: Tally) -> bool:
     """Delete `name` in directory `parent_fd`: a directory with everything below it, or a
     symbolic link or file (unlinked, never followed). `path` labels it in problems.
 
-    Never follows a link, never enters another filesystem (a mount point below is left in
-    place and reported), and treats an entry that vanished as deleted. Problems (e.g.
-    permission denied) are recorded in `tally` and the rest is still deleted. Returns
-    whether `name` is gone.
+    Never follows a link, never enters a directory whose mount identity is not
+    `root_mount` (the root's: a mount point, a bind mount of the same filesystem
+    included, is left in place and reported), and treats an entry that vanished as
+    deleted. Problems (e.g. permission denied) are recorded in `tally` and the rest is
+    still deleted. Returns whether `name` is gone.
     """
-    top = _open_subdir(parent_fd, name, path, root_dev, tally)
+    top = _open_subdir(parent_fd, name, path, root_mount, tally)
     if top is None:
-        return _unlink(parent_fd, name, path, root_dev, tally)
+        return _unlink(parent_fd, name, path, root_mount, tally)
     if top < 0:
         return top == _GONE
     frames = [_new_frame(top, path, name, tally)]
@@ -171,7 +179,7 @@ def remove_tree(parent_fd: int, name: str, path: str, root_dev: int, tally: Tall
         while frames:
             frame = frames[-1]
             if frame.pending:
-                _drain(frame, frames, root_dev, tally)
+                _drain(frame, frames, root_mount, tally)
                 continue
             if not frame.failed and frame.rescans < RESCANS:
                 # Empty for now: look again once, in case a writer added entries meanwhile.
@@ -198,10 +206,17 @@ _GONE = -1
 _FAILED = -2
 
 
-def _open_subdir(parent_fd: int, name: str, path: str, root_dev: int, tally: Tally) -> int | None:
+#: How a mount point left in place is reported (after its path).
+MOUNT_POINT_LEFT = "mount point (not entered), left in place"
+
+
+def _open_subdir(
+    parent_fd: int, name: str, path: str, root_mount: MountId, tally: Tally
+) -> int | None:
     """Open directory `name` without following links: its descriptor, `None` if it is
     not a directory (a link or a file: unlink it instead), `_GONE` if it vanished,
-    `_FAILED` (problem recorded) if it cannot be opened or is another filesystem."""
+    `_FAILED` (problem recorded) if it cannot be opened or is on another mount than the
+    root (checked on the open descriptor, so it cannot be swapped after the check)."""
     try:
         fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except FileNotFoundError:
@@ -211,9 +226,15 @@ def _open_subdir(parent_fd: int, name: str, path: str, root_dev: int, tally: Tal
             return None
         tally.problem(f"{path}: {exc.strerror}")
         return _FAILED
-    if os.fstat(fd).st_dev != root_dev:
+    try:
+        same_mount = fd_mount_id(fd) == root_mount
+    except OSError as exc:
         os.close(fd)
-        tally.problem(f"{path}: mount point of another filesystem, left in place")
+        tally.problem(f"{path}: {exc.strerror}")
+        return _FAILED
+    if not same_mount:
+        os.close(fd)
+        tally.problem(f"{path}: {MOUNT_POINT_LEFT}")
         return _FAILED
     return fd
 
@@ -234,7 +255,7 @@ def _relist(frame: _Frame, tally: Tally) -> None:
         frame.failed = True
 
 
-def _drain(frame: _Frame, frames: list[_Frame], root_dev: int, tally: Tally) -> None:
+def _drain(frame: _Frame, frames: list[_Frame], root_mount: MountId, tally: Tally) -> None:
     """Unlink the frame's pending non-directories until it meets a subdirectory, which
     is pushed as a new frame (or the pending list runs out).
 
@@ -253,9 +274,9 @@ def _drain(frame: _Frame, frames: list[_Frame], root_dev: int, tally: Tally) -> 
                 is_dir = False
             if is_dir:
                 path = f"{frame.path}/{name}"
-                child = _open_subdir(fd, name, path, root_dev, tally)
+                child = _open_subdir(fd, name, path, root_mount, tally)
                 if child is None:
-                    ok = _unlink(fd, name, path, root_dev, tally)
+                    ok = _unlink(fd, name, path, root_mount, tally)
                 elif child >= 0:
                     frames.append(_new_frame(child, path, name, tally))
                     return
@@ -276,7 +297,7 @@ def _drain(frame: _Frame, frames: list[_Frame], root_dev: int, tally: Tally) -> 
                 continue  # removed by someone else: fine
             except OSError:
                 # Rare cases (replaced by a directory, permission denied) take the slow path.
-                if not _unlink(fd, name, f"{frame.path}/{name}", root_dev, tally):
+                if not _unlink(fd, name, f"{frame.path}/{name}", root_mount, tally):
                     frame.failed = True
                 continue
             files += 1
@@ -286,7 +307,7 @@ def _drain(frame: _Frame, frames: list[_Frame], root_dev: int, tally: Tally) -> 
         tally.bytes += size
 
 
-def _unlink(dir_fd: int, name: str, path: str, root_dev: int, tally: Tally) -> bool:
+def _unlink(dir_fd: int, name: str, path: str, root_mount: MountId, tally: Tally) -> bool:
     """Unlink a non-directory, counting it (and its size if it is a regular file)."""
     size = 0
     try:
@@ -294,14 +315,14 @@ def _unlink(dir_fd: int, name: str, path: str, root_dev: int, tally: Tally) -> b
         if stat.S_ISDIR(st.st_mode):
             # Replaced by a directory since it was listed; delete that instead (rare, so
             # the recursion stays shallow).
-            return remove_tree(dir_fd, name, path, root_dev, tally)
+            return remove_tree(dir_fd, name, path, root_mount, tally)
         if stat.S_ISREG(st.st_mode):
             size = st.st_size
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         return True
     except IsADirectoryError:
-        return remove_tree(dir_fd, name, path, root_dev, tally)
+        return remove_tree(dir_fd, name, path, root_mount, tally)
     except OSError as exc:
         tally.problem(f"{path}: {exc.strerror}")
         return False

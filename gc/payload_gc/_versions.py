@@ -34,6 +34,20 @@ def parse_version(name: str) -> int | None:
     return int(digits)
 
 
+def is_noncanonical_version(name: str) -> bool:
+    """Whether `name` looks like a version but is not its canonical spelling: `v`, then
+    ASCII digits with a leading zero (`v010`, `v00`). `parse_version` rejects these, so
+    they are never collected; this only tells them apart from other names in reports."""
+    digits = name[1:]
+    return (
+        name.startswith("v")
+        and len(digits) > 1
+        and digits.isascii()
+        and digits.isdigit()
+        and digits.startswith("0")
+    )
+
+
 def version_name(version: int) -> str:
     """The directory name of version `version` (`3` -> `"v3"`); the inverse of
     `parse_version`."""

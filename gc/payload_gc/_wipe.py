@@ -18,6 +18,7 @@ from ._collect import CollectionError, check_workers
 from ._errors import PayloadGCError, RootRefused
 from ._layout import CONTROL_NAMES, MARKER_NAME
 from ._lock import HeldLock, open_control_dir, release_and_close, try_acquire, wait_for_lock
+from ._mounts import MountId, fd_mount_id
 from ._plan import EntryKind, RootEntry
 from ._root_guard import refuse_unsafe_root
 from ._scan import list_root
@@ -30,9 +31,9 @@ _MARKER_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_
 @attrs.frozen
 class WipeReport:
     """What a wipe removed from `root`: `entries` direct children, holding `files` files
-    and `bytes` bytes. `kept` names children left in place (mount points of other
-    filesystems), `errors` what could not be removed, `created` whether the root was
-    created because it did not exist."""
+    and `bytes` bytes. `kept` names children left in place (mount points, never entered:
+    another filesystem or a bind mount of the root's own), `errors` what could not be
+    removed, `created` whether the root was created because it did not exist."""
 
     root: str
     entries: int
@@ -101,6 +102,8 @@ def init_root(root: str | os.PathLike[str]) -> None:
 class _Wipe:
     root: str
     root_fd: int
+    #: The root's mount identity, taken once when it is opened.
+    root_mount: MountId
     entries: list[RootEntry]
     created: bool
     control_fd: int = -1
@@ -112,7 +115,8 @@ class _Wipe:
         created = _make_root(path, "wipe")
         root_fd = open_root(path)
         try:
-            entries = list_root(root_fd, measure=False)
+            root_mount = fd_mount_id(root_fd)
+            entries = list_root(root_fd, measure=False, root_mount=root_mount)
             marked = any(e.name == MARKER_NAME and e.kind is EntryKind.FILE for e in entries)
             foreign = sorted(e.name for e in entries if e.name not in CONTROL_NAMES)
             if foreign and not marked:
@@ -125,14 +129,13 @@ class _Wipe:
         except BaseException:
             os.close(root_fd)
             raise
-        return cls(path, root_fd, entries, created, control_fd)
+        return cls(path, root_fd, root_mount, entries, created, control_fd)
 
     def try_lock(self) -> None:
         self.lock = try_acquire(self.control_fd, self.root)
 
     def run(self, max_workers: int) -> WipeReport:
         started, started_wall = time.monotonic(), time.time()
-        root_dev = os.fstat(self.root_fd).st_dev
         # The marker stays in place throughout: a wipe interrupted midway leaves a root
         # that the next wipe still accepts.
         doomed = [e for e in self.entries if e.name not in CONTROL_NAMES and e.same_filesystem]
@@ -140,7 +143,7 @@ class _Wipe:
 
         def remove(entry: RootEntry) -> tuple[RootEntry, bool, Tally]:
             tally = Tally()
-            gone = remove_tree(self.root_fd, entry.name, entry.name, root_dev, tally)
+            gone = remove_tree(self.root_fd, entry.name, entry.name, self.root_mount, tally)
             return entry, gone, tally
 
         with ThreadPoolExecutor(max_workers, thread_name_prefix="payload-gc") as pool:

@@ -116,6 +116,31 @@ def test_refuses_an_unmarked_root_holding_other_things(
     assert (tmp_path / ".bashrc").exists()
 
 
+def test_non_canonical_version_names_are_kept_and_said_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _make_tree(tmp_path, versions=2)
+    (tmp_path / "v010").mkdir()
+    (tmp_path / "v00").mkdir()
+    # Not version directories: without a marker, the root is suspicious.
+    err = _refused(capsys, "--root", str(tmp_path), "--below", "20")
+    assert "no .payload-root marker" in err
+    assert "'v00'" in err
+    init_root(tmp_path)
+    code, out, _ = _run(capsys, "--root", str(tmp_path), "--below", "20", "--dry-run")
+    assert code == 0
+    reason = "not a canonical version name (v<k> without leading zeros)"
+    for name in ("v00", "v010"):
+        [row] = [
+            line.split(maxsplit=4) for line in out.splitlines() if line.startswith(f"  {name} ")
+        ]
+        assert row[1] == "keep"
+        assert row[4] == reason
+    code, out, _ = _run(capsys, "--root", str(tmp_path), "--below", "20")
+    assert code == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("v")) == ["v00", "v010"]
+
+
 def test_init_alone_marks_and_exits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "new"
     code, out, _ = _run(capsys, "--root", str(root), "--init")

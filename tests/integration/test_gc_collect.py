@@ -105,7 +105,7 @@ def test_files_named_like_versions_and_other_entries_stay(tmp_path: Path) -> Non
     assert (tmp_path / "notes.txt").read_text() == "keep me"
     kept = {k.name: k.reason for k in report.kept}
     assert kept["v2"] is KeepReason.NOT_A_DIRECTORY
-    assert kept["v007"] is KeepReason.NOT_A_VERSION
+    assert kept["v007"] is KeepReason.NOT_CANONICAL
 
 
 def test_negative_bound_deletes_nothing(tmp_path: Path) -> None:

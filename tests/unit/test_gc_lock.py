@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import trio.testing
 from payload_gc import LockHeld, collect_below, collect_below_sync
 from payload_gc._lock import (
     LOCK_POLL_MAX_S,
+    STARTING_GRACE_S,
     HeldLock,
     current_owner,
     open_control_dir,
@@ -124,12 +126,35 @@ def test_live_lock_of_this_process_is_not_stale(tmp_path: Path) -> None:
         collect_below_sync(tmp_path, 1)
 
 
-def test_unreadable_lock_is_held(tmp_path: Path) -> None:
+def test_a_young_empty_lock_is_a_collector_starting_not_one_to_delete(tmp_path: Path) -> None:
+    # Its holder created the file and has not written its owner yet.
     _lock_file(tmp_path).parent.mkdir()
     _lock_file(tmp_path).write_text("")
-    with pytest.raises(LockHeld, match="unreadable") as caught:
+    with pytest.raises(LockHeld) as caught:
         collect_below_sync(tmp_path, 1)
+    message = str(caught.value)
+    assert "another collector is starting" in message
+    assert "retry" in message
+    assert "delete" not in message
     assert caught.value.pid is None
+    assert caught.value.age_s is not None and caught.value.age_s < STARTING_GRACE_S
+    assert _lock_file(tmp_path).exists()
+
+
+def test_an_old_unreadable_lock_names_its_age_and_when_to_delete_it(tmp_path: Path) -> None:
+    _lock_file(tmp_path).parent.mkdir()
+    _lock_file(tmp_path).write_text('{"not": "a lock"')
+    an_hour_ago = time.time() - 3600
+    os.utime(_lock_file(tmp_path), (an_hour_ago, an_hour_ago))
+    with pytest.raises(LockHeld) as caught:
+        collect_below_sync(tmp_path, 1)
+    message = str(caught.value)
+    assert "starting" not in message
+    assert re.search(r"\b36\d\d s old\b", message), message
+    assert "make sure no collector runs on any host" in message
+    assert message.endswith("then delete the file")
+    assert caught.value.pid is None
+    assert _lock_file(tmp_path).exists()
 
 
 def test_release_leaves_a_lock_that_is_not_ours(tmp_path: Path, control_fd: int) -> None:

@@ -65,11 +65,11 @@ def test_every_kept_entry_has_its_reason() -> None:
     reasons = {k.name: k.reason for k in plan.keep}
     assert reasons == {
         "v3": KeepReason.NOT_A_DIRECTORY,
-        "v4": KeepReason.OTHER_FILESYSTEM,
+        "v4": KeepReason.MOUNT_POINT,
         "v5": KeepReason.NOT_A_DIRECTORY,
         "v9": KeepReason.AT_OR_ABOVE_BOUND,
         "vx": KeepReason.NOT_A_VERSION,
-        "v007": KeepReason.NOT_A_VERSION,
+        "v007": KeepReason.NOT_CANONICAL,
         "notes.txt": KeepReason.NOT_A_VERSION,
         ".payload-gc": KeepReason.CONTROL,
         ".payload-root": KeepReason.CONTROL,

@@ -1,4 +1,4 @@
-"""fd-relative deletion primitives: vanished entries, other filesystems, measuring."""
+"""fd-relative deletion primitives: vanished entries, other mounts, measuring."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from payload_gc._mounts import fd_mount_id
 from payload_gc._tree import Tally, measure_dir, open_root, remove_tree
 
 
@@ -21,18 +22,18 @@ def root_fd(tmp_path: Path) -> Iterator[int]:
 
 def test_removing_what_is_already_gone_is_success(root_fd: int) -> None:
     tally = Tally()
-    assert remove_tree(root_fd, "v9", "v9", os.fstat(root_fd).st_dev, tally)
+    assert remove_tree(root_fd, "v9", "v9", fd_mount_id(root_fd), tally)
     assert (tally.files, tally.problem_count) == (0, 0)
 
 
-def test_another_filesystem_is_left_in_place_and_reported(tmp_path: Path, root_fd: int) -> None:
+def test_another_mount_is_left_in_place_and_reported(tmp_path: Path, root_fd: int) -> None:
     (tmp_path / "v1").mkdir()
     (tmp_path / "v1" / "f").write_bytes(b"abc")
     tally = Tally()
-    # A device number that is not the root's: as if v1 were a mount point.
-    foreign_dev = os.fstat(root_fd).st_dev + 1
-    assert not remove_tree(root_fd, "v1", "v1", foreign_dev, tally)
-    assert tally.problems == ["v1: mount point of another filesystem, left in place"]
+    # A mount identity that is not the root's: as if v1 were a mount point.
+    kind, number = fd_mount_id(root_fd)
+    assert not remove_tree(root_fd, "v1", "v1", (kind, number + 1), tally)
+    assert tally.problems == ["v1: mount point (not entered), left in place"]
     assert (tmp_path / "v1" / "f").read_bytes() == b"abc"
 
 
@@ -43,15 +44,17 @@ def test_measure_counts_files_links_and_bytes_without_following(
     (tmp_path / "v1" / "a").write_bytes(b"12345")
     (tmp_path / "v1" / "d" / "b").write_bytes(b"12")
     (tmp_path / "v1" / "link").symlink_to(tmp_path / "v1" / "a")
-    usage = measure_dir(root_fd, "v1", os.fstat(root_fd).st_dev)
+    usage = measure_dir(root_fd, "v1", fd_mount_id(root_fd))
     assert (usage.files, usage.bytes) == (3, 7)
 
 
-def test_measure_does_not_enter_another_filesystem(tmp_path: Path, root_fd: int) -> None:
+def test_measure_does_not_enter_another_mount(tmp_path: Path, root_fd: int) -> None:
     (tmp_path / "v1" / "d").mkdir(parents=True)
     (tmp_path / "v1" / "d" / "b").write_bytes(b"12")
-    # The top directory is opened regardless; subdirectories on another device are not.
-    usage = measure_dir(root_fd, "v1", os.fstat(root_fd).st_dev + 1)
+    (tmp_path / "v1" / "a").write_bytes(b"345")
+    # Neither the top directory nor anything below it is measured on another mount.
+    kind, number = fd_mount_id(root_fd)
+    usage = measure_dir(root_fd, "v1", (kind, number + 1))
     assert (usage.files, usage.bytes) == (0, 0)
 
 
@@ -79,7 +82,7 @@ def test_deep_tree_needs_no_recursion(tmp_path: Path, root_fd: int) -> None:
     finally:
         os.close(fd)
     tally = Tally()
-    assert remove_tree(root_fd, "v1", "v1", os.fstat(root_fd).st_dev, tally)
+    assert remove_tree(root_fd, "v1", "v1", fd_mount_id(root_fd), tally)
     assert tally.files == 1
     assert not (tmp_path / "v1").exists()
 
@@ -103,8 +106,35 @@ def test_an_unreadable_subdirectory_is_reported_once_and_the_rest_deleted(
 
     monkeypatch.setattr(tree, "list_dir", list_dir)
     tally = Tally()
-    assert not remove_tree(root_fd, "v1", "v1", os.fstat(root_fd).st_dev, tally)
+    assert not remove_tree(root_fd, "v1", "v1", fd_mount_id(root_fd), tally)
     assert tally.problems == ["v1/locked: Permission denied"]
     assert sorted(p.name for p in (tmp_path / "v1").iterdir()) == ["locked"]
     assert (tmp_path / "v1" / "locked" / "x").exists()
     assert tally.files == 1
+
+
+def test_the_mount_check_is_once_per_directory_never_per_file(
+    tmp_path: Path, root_fd: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import payload_gc._tree as tree
+
+    (tmp_path / "v1" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "v1" / "c").mkdir()
+    for directory in ("v1", "v1/a", "v1/a/b", "v1/c"):
+        for i in range(30):
+            (tmp_path / directory / f"{i}.bin").write_bytes(b"x")
+    checked: list[int] = []
+
+    def counting(fd: int) -> tuple[str, int]:
+        checked.append(fd)
+        return fd_mount_id(fd)
+
+    monkeypatch.setattr(tree, "fd_mount_id", counting)
+    root_mount = fd_mount_id(root_fd)
+    assert measure_dir(root_fd, "v1", root_mount).files == 120
+    assert len(checked) == 4
+    checked.clear()
+    tally = Tally()
+    assert remove_tree(root_fd, "v1", "v1", root_mount, tally)
+    assert (tally.files, tally.problem_count) == (120, 0)
+    assert len(checked) == 4
