@@ -2,11 +2,13 @@
 
 The trainer-side API lives here so a trainer can read batches without knowing the
 package's layout: `read_batch(batch_dir)` returns the samples with their arrays, read
-through the payload reader (DESIGN §5).
+through the payload reader (DESIGN §5); `read_batch(batch_dir, on_corrupt="drop")` leaves
+out samples with broken payload files and names them in `Batch.dropped`.
 """
 
 from orchestrator.batches import Batch as Batch
 from orchestrator.batches import BatchError as BatchError
+from orchestrator.batches import DroppedSample as DroppedSample
 from orchestrator.batches import SampleArrays as SampleArrays
 from orchestrator.batches import TrainSample as TrainSample
 from orchestrator.batches import read_batch as read_batch
@@ -16,6 +18,7 @@ from orchestrator.payload import PayloadMissing as PayloadMissing
 __all__ = [
     "Batch",
     "BatchError",
+    "DroppedSample",
     "PayloadCorrupt",
     "PayloadMissing",
     "SampleArrays",

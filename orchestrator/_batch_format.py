@@ -3,8 +3,8 @@
 One JSON document per batch::
 
     {"format": "rollout-orchestrator.batch/1", "step": 7, "created_at": 1764400000.5,
-     "samples": [{"group_id": ..., "rollout_id": ..., "start_version": 3,
-                  "dispatch_version": 4, "reward": 1.0, "advantage": 0.5,
+     "samples": [{"group_id": ..., "rollout_id": ..., "server": "http://...",
+                  "start_version": 3, "dispatch_version": 4, "reward": 1.0, "advantage": 0.5,
                   "token_ids": [...], "loss_mask": [...], "logprobs": [...],
                   "payload_dir": "/abs/root/v4",
                   "payload": {"routed_experts": [segment, ...],
@@ -49,6 +49,7 @@ _SAMPLE_KEYS = frozenset(
         "payload_dir",
         "payload",
         "inline",
+        "server",
     }
 )
 _DOCUMENT_KEYS = frozenset({"format", "step", "created_at", "samples"})
@@ -106,6 +107,8 @@ class TrainSample:
     payload comes by handle (`payload_dir` plus segments per field, already stitched so
     that they cover the sample's positions), inline (per field, the `encode_inline` form),
     or not at all (no payload fields requested, or routing dropped because of a gap).
+    `server` is the URL of the inference server that generated the rollout, when known
+    (a reader names it when it drops the sample for a bad payload).
 
     Raises ValueError when the fields are inconsistent (lengths, versions, payload forms).
     """
@@ -126,6 +129,7 @@ class TrainSample:
     inline: Mapping[str, Mapping[str, Any]] | None = attrs.field(
         default=None, converter=_inline_by_field
     )
+    server: str | None = None
 
     def __attrs_post_init__(self) -> None:
         length = len(self.token_ids)
@@ -166,7 +170,8 @@ class TrainSample:
         return frozenset(self.payload) | frozenset(self.inline or {})
 
     def to_json(self) -> dict[str, Any]:
-        """The sample's JSON object; `payload_dir`/`payload` and `inline` only when set."""
+        """The sample's JSON object; `server`, `payload_dir`/`payload` and `inline` only
+        when set."""
         obj: dict[str, Any] = {
             "group_id": self.group_id,
             "rollout_id": self.rollout_id,
@@ -178,6 +183,8 @@ class TrainSample:
             "loss_mask": list(self.loss_mask),
             "logprobs": list(self.logprobs),
         }
+        if self.server is not None:
+            obj["server"] = self.server
         if self.payload:
             obj["payload_dir"] = self.payload_dir
             obj["payload"] = {
@@ -280,7 +287,7 @@ def _parse_document(obj: object) -> BatchDocument:
 def _parse_sample(obj: object) -> TrainSample:
     if not isinstance(obj, dict):
         raise _Malformed("", f"expected a JSON object, got {_json_type(obj)}")
-    required = _SAMPLE_KEYS - {"payload_dir", "payload", "inline"}
+    required = _SAMPLE_KEYS - {"payload_dir", "payload", "inline", "server"}
     _check_keys(obj, required=required, allowed=_SAMPLE_KEYS, where="")
     payload_dir = obj.get("payload_dir")
     if payload_dir is not None and not isinstance(payload_dir, str):
@@ -299,6 +306,7 @@ def _parse_sample(obj: object) -> TrainSample:
             payload=_parse_payload(obj.get("payload")),
             payload_dir=payload_dir,
             inline=_parse_inline(obj.get("inline")),
+            server=_str(obj["server"], "server") if "server" in obj else None,
         )
     except ValueError as exc:
         raise _Malformed("", str(exc)) from None

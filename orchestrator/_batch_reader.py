@@ -4,18 +4,40 @@ By-handle payloads are read through the payload reader (`read_sample_payload`: s
 validated before any byte is read, digests verified on request); inline ones are decoded
 with `decode_inline`. Both give the same arrays for the same sample, bitwise. Blocking:
 an async trainer calls it in a worker thread.
+
+A sample whose payload files are broken (a digest mismatch, a file missing, short, or not
+a regular file) is that sample's fault (mostly its inference server's), not the batch's:
+with ``on_corrupt="drop"`` it is left out and named in `Batch.dropped`, and the rest of
+the batch is read. A malformed `batch.json` is always a `BatchError`.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal, get_args
 
 import attrs
 import numpy as np
 
 from orchestrator._batch_format import BATCH_FILE, BatchError, TrainSample, decode_batch
 from orchestrator._step_dirs import parse_step_dir
-from orchestrator.payload import BadSegment, decode_inline, read_sample_payload
+from orchestrator.payload import (
+    BadSegment,
+    PayloadCorrupt,
+    PayloadError,
+    PayloadMissing,
+    decode_inline,
+    read_sample_payload,
+)
+
+OnCorrupt = Literal["raise", "drop"]
+"""What `read_batch` does with a sample whose payload files are broken."""
+
+# The `BadSegment` reasons that describe a payload file on disk rather than the batch
+# document: the daemon checked the file at admission, so it changed after.
+_FILE_REASONS = frozenset({"symlink", "not_regular_file"})
 
 
 @attrs.frozen(eq=False)
@@ -28,7 +50,8 @@ class SampleArrays:
     `[n, layers, top_k]` (uint8/uint16; int16/int32 when the final token carries the -1
     sentinel) and `sampling_mask` int32 `[n, W]` padded with -1, each None when the
     sample has no such payload. `rows` is the window of positions read: the whole sample
-    (`range(length)`) unless `read_batch` was given one.
+    (`range(length)`) unless `read_batch` was given one. `server` is the inference server
+    that generated the sample, when the batch says.
     """
 
     group_id: str
@@ -45,6 +68,7 @@ class SampleArrays:
     logprobs: np.ndarray
     routed_experts: np.ndarray | None
     sampling_mask: np.ndarray | None
+    server: str | None = None
 
     @property
     def payload_nbytes(self) -> int:
@@ -54,13 +78,50 @@ class SampleArrays:
         )
 
 
+@attrs.frozen
+class DroppedSample:
+    """A sample `read_batch(..., on_corrupt="drop")` left out of a batch, and why.
+
+    `index` is its place in `batch.json`'s `samples`; `server` is the inference server
+    that generated it (None when the batch does not say). `reason` is
+    ``payload_corrupt`` (a digest mismatch; only with `verify`), ``payload_missing`` (a
+    payload file or its `payload_dir` missing, or a file shorter than a segment needs) or
+    ``bad_payload_file`` (a symbolic link or not a regular file where a payload file
+    should be). `file` is the path concerned and `error` the reader's one-line message.
+    """
+
+    index: int
+    group_id: str
+    rollout_id: str
+    server: str | None
+    reason: str
+    file: str
+    error: str
+
+    def __str__(self) -> str:
+        server = self.server if self.server is not None else "unknown"
+        return (
+            f"samples[{self.index}] (rollout {self.rollout_id} of group {self.group_id}, "
+            f"server {server}) dropped: {self.reason}: {self.error}"
+        )
+
+
+def _dropped_tuple(value: Iterable[DroppedSample]) -> tuple[DroppedSample, ...]:
+    return tuple(value)
+
+
 @attrs.frozen(eq=False)
 class Batch:
-    """A batch read by `read_batch`: its step, when it was shipped, and its samples."""
+    """A batch read by `read_batch`: its step, when it was shipped, and its samples.
+
+    `dropped` names the samples left out for broken payload files (only with
+    ``on_corrupt="drop"``), in batch order; `samples` holds the others, in batch order.
+    """
 
     step: int
     created_at: float
     samples: list[SampleArrays]
+    dropped: tuple[DroppedSample, ...] = attrs.field(default=(), converter=_dropped_tuple)
 
     @property
     def payload_nbytes(self) -> int:
@@ -68,23 +129,43 @@ class Batch:
         return sum(sample.payload_nbytes for sample in self.samples)
 
 
-def read_batch(batch_dir: Path, *, verify: bool = True, rows: range | None = None) -> Batch:
-    """Read the shipped batch in `batch_dir` (a `step_NNNNNN` directory) with its payloads.
+def read_batch(
+    batch_dir: str | os.PathLike[str],
+    *,
+    verify: bool = True,
+    rows: range | None = None,
+    on_corrupt: OnCorrupt = "raise",
+) -> Batch:
+    """Read the shipped batch in `batch_dir` (a `step_NNNNNN` directory, a path or a `str`)
+    with its payloads.
 
     `verify` checks every by-handle payload byte against its segment's digest. `rows`
     (a range with step 1) reads only that window of positions of each sample, clipped to
     the sample's length, as a context-parallel rank does; per-position arrays then cover
     only the window. Blocking.
 
+    `on_corrupt` says what a sample with broken payload files does to the batch: with
+    ``"raise"`` (the default: nothing is ever left out silently) the error below is
+    raised; with ``"drop"`` the sample is left out and described in `Batch.dropped`, and
+    the rest is read. Whether a sample is dropped never depends on `rows`: every segment's
+    file is opened and size-checked, and with `verify` every segment's digest is checked,
+    also outside the window, so all ranks of a context-parallel group drop the same
+    samples.
+
     Raises `BatchError` (one line naming the file) when `batch.json` is missing,
     unreadable or malformed, its step differs from the directory's, or a sample's payload
     is malformed (a bad segment or inline array, a `payload_dir` that is not `v<k>` for
-    the sample's dispatch version); `PayloadMissing` naming the payload file when it is
-    missing or short; `PayloadCorrupt` naming it when `verify` finds a digest mismatch;
-    ValueError for a `rows` range whose step is not 1 or whose start is negative.
+    the sample's dispatch version); with ``on_corrupt="raise"``, `PayloadMissing` naming
+    the payload file when it is missing or short, `PayloadCorrupt` naming it when
+    `verify` finds a digest mismatch, and `BatchError` for a payload file that is a
+    symbolic link or not a regular file; ValueError for a `rows` range whose step is not
+    1 or whose start is negative, or an unknown `on_corrupt`.
     """
     if rows is not None and (rows.step != 1 or rows.start < 0):
         raise ValueError(f"rows must be a range with step 1 and start >= 0, got {rows}")
+    if on_corrupt not in get_args(OnCorrupt):
+        raise ValueError(f"on_corrupt must be 'raise' or 'drop', got {on_corrupt!r}")
+    batch_dir = Path(batch_dir)
     batch_file = batch_dir / BATCH_FILE
     try:
         data = batch_file.read_bytes()
@@ -95,12 +176,40 @@ def read_batch(batch_dir: Path, *, verify: bool = True, rows: range | None = Non
     if dir_step is not None and dir_step != document.step:
         raise BatchError(f"{batch_file}: step {document.step} in the directory of step {dir_step}")
     samples = []
+    dropped = []
     for index, sample in enumerate(document.samples):
         try:
             samples.append(_sample_arrays(sample, rows=rows, verify=verify))
         except BadSegment as exc:
-            raise BatchError(f"{batch_file}: samples[{index}]: {exc}") from None
-    return Batch(step=document.step, created_at=document.created_at, samples=samples)
+            if on_corrupt == "raise" or exc.reason not in _FILE_REASONS:
+                raise BatchError(f"{batch_file}: samples[{index}]: {exc}") from None
+            dropped.append(_dropped(index, sample, exc))
+        except (PayloadMissing, PayloadCorrupt) as exc:
+            if on_corrupt == "raise":
+                raise
+            dropped.append(_dropped(index, sample, exc))
+    return Batch(
+        step=document.step, created_at=document.created_at, samples=samples, dropped=dropped
+    )
+
+
+def _dropped(index: int, sample: TrainSample, exc: PayloadError) -> DroppedSample:
+    if isinstance(exc, PayloadCorrupt):
+        reason, file = "payload_corrupt", str(exc.path)
+    elif isinstance(exc, PayloadMissing):
+        reason, file = "payload_missing", str(exc.path)
+    else:
+        assert isinstance(exc, BadSegment) and sample.payload_dir is not None
+        reason, file = "bad_payload_file", str(Path(sample.payload_dir) / exc.file)
+    return DroppedSample(
+        index=index,
+        group_id=sample.group_id,
+        rollout_id=sample.rollout_id,
+        server=sample.server,
+        reason=reason,
+        file=file,
+        error=str(exc),
+    )
 
 
 def _sample_arrays(sample: TrainSample, *, rows: range | None, verify: bool) -> SampleArrays:
@@ -128,6 +237,7 @@ def _sample_arrays(sample: TrainSample, *, rows: range | None, verify: bool) -> 
         logprobs=logprobs,
         routed_experts=payload.get("routed_experts"),
         sampling_mask=payload.get("sampling_mask"),
+        server=sample.server,
     )
 
 

@@ -20,12 +20,13 @@ from orchestrator._config_toml import format_toml_value
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
 
-def at_least(minimum: float) -> Validator:
-    """The value must be >= `minimum`."""
+def at_least(minimum: float, why: str = "") -> Validator:
+    """The value must be >= `minimum` (`why`, when given, says why after a colon)."""
 
     def check(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
         if value < minimum:
-            raise InvalidValue(f"must be >= {minimum}", value=value, key=attribute.name)
+            suffix = f": {why}" if why else ""
+            raise InvalidValue(f"must be >= {minimum}{suffix}", value=value, key=attribute.name)
 
     return check
 

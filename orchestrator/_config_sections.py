@@ -26,6 +26,12 @@ from orchestrator._config_checks import (
     not_below_sibling,
 )
 from orchestrator._config_errors import InvalidValue
+from orchestrator.payload import RoutingShape
+from orchestrator.reply_limits import (
+    ModelShape,
+    derived_max_buffered_reply_bytes,
+    derived_max_reply_bytes,
+)
 
 PayloadMode = Literal["auto", "by_handle", "inline"]
 PayloadField = Literal["routed_experts", "sampling_mask"]
@@ -77,8 +83,14 @@ class BatchConfig:
 
     # Samples per batch.
     size: int = attrs.field(default=64, validator=at_least(1))
-    # Rollouts per prompt; GRPO needs >= 2 for a signal, 1 is allowed for other methods.
-    group_size: int = attrs.field(default=8, validator=at_least(1))
+    # Rollouts per prompt. GRPO scores each rollout against its group's mean, so a group
+    # of one has an advantage of zero everywhere: the run would never learn anything.
+    group_size: int = attrs.field(
+        default=8,
+        validator=at_least(
+            2, "a group of one rollout has no learning signal (its advantages are all zero)"
+        ),
+    )
     # Ship exactly `size` samples, pruning the excess (discard reason "pruned").
     constant_size: bool = True
     max_seq_len: int = attrs.field(default=8192, validator=at_least(2))
@@ -96,6 +108,12 @@ class PayloadConfig:
     )
     final_token_route: FinalTokenRoute = "repeat"
     fsync: bool = False
+    # The model's routing shape: every routing row a server sends must be [layers, top_k],
+    # with ids below num_experts. 0 leaves it to the local fleet's model ([sim]) or, with
+    # real servers, to the first reply of the run that carries routing.
+    layers: int = attrs.field(default=0, validator=at_least(0))
+    top_k: int = attrs.field(default=0, validator=at_least(0))
+    num_experts: int = attrs.field(default=0, validator=at_least(0))
 
 
 @attrs.frozen
@@ -112,6 +130,11 @@ class InferenceConfig:
     # Prefill and decode on different servers behind a router.
     disaggregated: bool = False
     multi_node: bool = False
+    # Bytes of one generate reply read before it is refused ("oversized"); 0 derives the
+    # cap from the payload mode (Config.max_reply_bytes, orchestrator.reply_limits).
+    max_reply_bytes: int = attrs.field(default=0, validator=at_least(0))
+    # Bytes all in-flight generate replies may hold together; 0 derives it.
+    max_buffered_reply_bytes: int = attrs.field(default=0, validator=at_least(0))
 
 
 @attrs.frozen
@@ -180,6 +203,15 @@ class MetricsConfig:
 
 
 @attrs.frozen
+class ProgressConfig:
+    """Telling the operator when nothing ships."""
+
+    # No batch shipped for this long (since the start or the last batch): warn, again
+    # every as long while it lasts, with what is holding the batch up. 0 turns it off.
+    stall_warning_s: float = attrs.field(default=60.0, validator=at_least(0))
+
+
+@attrs.frozen
 class ShutdownConfig:
     """How long in-flight work may finish after SIGTERM/SIGINT."""
 
@@ -207,12 +239,15 @@ class Config:
     env: EnvConfig = attrs.field(factory=EnvConfig)
     sim: SimConfig = attrs.field(factory=SimConfig)
     metrics: MetricsConfig = attrs.field(factory=MetricsConfig)
+    progress: ProgressConfig = attrs.field(factory=ProgressConfig)
     shutdown: ShutdownConfig = attrs.field(factory=ShutdownConfig)
 
     def __attrs_post_init__(self) -> None:
         _check_inference_source(self)
         _check_payload_mode(self)
         _check_directories(self)
+        _check_routing_shape(self)
+        _check_reply_limits(self)
 
     @property
     def payload_root(self) -> Path:
@@ -258,6 +293,48 @@ class Config:
     def payload_mode_reason(self) -> str:
         """Why `by_handle` came out the way it did, in a few words (for check-config)."""
         return _choose_payload_mode(self)[1]
+
+    @property
+    def routing_shape(self) -> RoutingShape | None:
+        """The routing shape replies are checked against from the start of the run:
+        `payload.layers`/`top_k`/`num_experts` when set, else the local fleet's model
+        (`[sim]`, when it serves), else `None` (fixed by the run's first routing reply)."""
+        payload = self.payload
+        if payload.layers and payload.top_k:
+            return RoutingShape(payload.layers, payload.top_k, payload.num_experts or None)
+        if self.sim.inference_servers > 0:
+            return RoutingShape(self.sim.layers, self.sim.top_k, self.sim.num_experts)
+        return None
+
+    @property
+    def max_reply_bytes(self) -> int:
+        """The most bytes of one generate reply the daemon reads: `inference.max_reply_bytes`,
+        or derived from the payload mode, `env.max_tokens` and the prompt bound (the larger
+        of `batch.max_seq_len` and every turn's tokens), and the model's routing shape when
+        the config knows it (`routing_shape`; see `orchestrator.reply_limits`)."""
+        if self.inference.max_reply_bytes:
+            return self.inference.max_reply_bytes
+        env, shape = self.env, self.routing_shape
+        model = None if shape is None else ModelShape(shape.layers, shape.top_k, shape.num_experts)
+        return derived_max_reply_bytes(
+            by_handle=self.by_handle,
+            fields=self.payload.fields,
+            max_tokens=env.max_tokens,
+            max_context_tokens=max(
+                self.batch.max_seq_len, env.prompt_len_max + env.max_turns * env.max_tokens
+            ),
+            model=model,
+        )
+
+    @property
+    def max_buffered_reply_bytes(self) -> int:
+        """The most bytes all in-flight generate replies hold together:
+        `inference.max_buffered_reply_bytes`, or derived from `max_reply_bytes`."""
+        if self.inference.max_buffered_reply_bytes:
+            return self.inference.max_buffered_reply_bytes
+        return derived_max_buffered_reply_bytes(
+            max_reply_bytes=self.max_reply_bytes, max_inflight=self.inference.max_inflight
+        )
 
 
 def _url_host(url: str) -> str:
@@ -306,6 +383,38 @@ def _check_payload_mode(config: Config) -> None:
             "a disaggregated prefill/decode router merges only inline routing",
             value="by_handle",
             key="payload.mode",
+        )
+
+
+def _check_reply_limits(config: Config) -> None:
+    buffered = config.inference.max_buffered_reply_bytes
+    if buffered and buffered < config.max_reply_bytes:
+        raise InvalidValue(
+            f"must be at least the per-reply cap ({config.max_reply_bytes} bytes): "
+            "a reply at the cap could never be read",
+            value=buffered,
+            key="inference.max_buffered_reply_bytes",
+        )
+
+
+def _check_routing_shape(config: Config) -> None:
+    payload = config.payload
+    if bool(payload.layers) != bool(payload.top_k):
+        key, value = (
+            ("payload.top_k", payload.top_k)
+            if payload.layers
+            else ("payload.layers", payload.layers)
+        )
+        raise InvalidValue(
+            "must be set together with payload.layers and payload.top_k (0 leaves both open)",
+            value=value,
+            key=key,
+        )
+    if payload.num_experts and payload.top_k > payload.num_experts:
+        raise InvalidValue(
+            f"must not exceed payload.num_experts ({payload.num_experts})",
+            value=payload.top_k,
+            key="payload.top_k",
         )
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Sequence
 from functools import partial
 from http import HTTPStatus
 
@@ -63,6 +64,7 @@ async def serve_metrics(
     listen: str,
     render: Callable[[], str],
     *,
+    sockets: Sequence[socket.socket] = (),
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `render()` as Prometheus text at `GET /metrics` on `listen` until cancelled.
@@ -71,9 +73,16 @@ async def serve_metrics(
     Another path gets 404, another method 405, a malformed request 400 and a closed
     connection; an exception from `render` gets 500. None of them stops the server.
     Raises `BadListenAddress` for a bad `listen`, `OSError` when it cannot listen there.
+
+    `sockets`, when given, are listening sockets already bound to `listen` (by
+    `orchestrator.preflight`, so that a port in use is found before the run changes
+    anything): the server takes them over and closes them when it stops.
     """
-    host, port = parse_listen_address(listen)
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    if sockets:
+        listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in sockets]
+    else:
+        host, port = parse_listen_address(listen)
+        listeners = await trio.open_tcp_listeners(port, host=host)
     bound_host, bound_port = listeners[0].socket.getsockname()[:2]
     shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host
     log.info("serving metrics", url=f"http://{shown_host}:{bound_port}/metrics")

@@ -17,7 +17,8 @@ from orchestrator.sink import TrainSink
 # first scrape on instead of one that appears with the first event. Values found in the
 # state that are not listed here are reported too, after these.
 ROLLOUT_OUTCOMES = ("completed", "failed", "poisoned", "stopped")
-# The dispatcher's failure kinds: the inference client's, then its own two.
+# The dispatcher's failure kinds: the inference client's, then its own three
+# (orchestrator/rejections.py records every one).
 FAILURE_KINDS = (
     "connect",
     "transport",
@@ -25,7 +26,9 @@ FAILURE_KINDS = (
     "http_5xx",
     "http_4xx",
     "malformed",
+    "oversized",
     "poisoned_payload",
+    "stitching",
     "routing_gap",
 )
 DISCARD_REASONS = tuple(reason.value for reason in Discard)

@@ -214,6 +214,8 @@ class RunSnapshot:
     published_version: int
     progress: Progress | None
     progress_problem: str | None
+    # `[progress] stall_warning_s`: quiet this long, status says no batch has shipped.
+    stall_warning_s: float = 0.0
 
     @property
     def progress_path(self) -> Path:
@@ -246,6 +248,7 @@ def read_run_snapshot(config: Config, *, source: str = "the config") -> RunSnaps
         published_version=_last(_listed(published_versions, config.weights_dir, "weights")),
         progress=progress,
         progress_problem=problem,
+        stall_warning_s=config.progress.stall_warning_s,
     )
 
 

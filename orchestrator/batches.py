@@ -14,6 +14,7 @@ from orchestrator._batch_format import TrainSample as TrainSample
 from orchestrator._batch_format import decode_batch as decode_batch
 from orchestrator._batch_format import encode_batch as encode_batch
 from orchestrator._batch_reader import Batch as Batch
+from orchestrator._batch_reader import DroppedSample as DroppedSample
 from orchestrator._batch_reader import SampleArrays as SampleArrays
 from orchestrator._batch_reader import read_batch as read_batch
 from orchestrator._batch_store import PARTIAL_BATCH_PREFIX as PARTIAL_BATCH_PREFIX
@@ -34,6 +35,7 @@ __all__ = [
     "BatchDocument",
     "BatchError",
     "BatchExists",
+    "DroppedSample",
     "SampleArrays",
     "TrainSample",
     "batch_step_dir",

@@ -28,6 +28,7 @@ from orchestrator._config_sections import MetricsConfig as MetricsConfig
 from orchestrator._config_sections import PayloadConfig as PayloadConfig
 from orchestrator._config_sections import PayloadField as PayloadField
 from orchestrator._config_sections import PayloadMode as PayloadMode
+from orchestrator._config_sections import ProgressConfig as ProgressConfig
 from orchestrator._config_sections import ShutdownConfig as ShutdownConfig
 from orchestrator._config_sections import SimConfig as SimConfig
 from orchestrator._config_sections import StalenessConfig as StalenessConfig
@@ -52,6 +53,7 @@ __all__ = [
     "PayloadConfig",
     "PayloadField",
     "PayloadMode",
+    "ProgressConfig",
     "ShutdownConfig",
     "SimConfig",
     "StalenessConfig",

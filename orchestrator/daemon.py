@@ -15,8 +15,10 @@ from __future__ import annotations
 import functools
 import math
 import os
+import socket
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import structlog
@@ -34,7 +36,9 @@ from orchestrator.rollouts import GroupResult
 from orchestrator.run_state import RunState
 from orchestrator.server_pool import ProbeSettings, ServerPool, serve_health_prober
 from orchestrator.sink import QueuedSample, SinkLimits, TrainSink
+from orchestrator.stall import Figures, StallWatch, serve_stall_watch
 from orchestrator.startup import find_start_point, wait_for_version, wipe_payload_root
+from orchestrator.stop import Stop
 
 log = structlog.get_logger("orchestrator")
 
@@ -68,6 +72,14 @@ class Daemon:
     # When the payload root was last walked, and the files it held then.
     _measured_at: float = attrs.field(init=False, default=-math.inf)
     _payload_files: int = attrs.field(init=False, default=0)
+    # When the last batch shipped, on trio's clock (see orchestrator/stall.py).
+    stall: StallWatch = attrs.field(
+        init=False,
+        default=attrs.Factory(
+            lambda self: StallWatch(self.config.progress.stall_warning_s, trio.current_time()),
+            takes_self=True,
+        ),
+    )
 
     # -- the sink side: admit finished groups, ship batches ------------------------------
 
@@ -108,6 +120,7 @@ class Daemon:
             samples = [_train_sample(q) for q in queued]
             batch_dir = await publish_batch_async(self.config.batches_dir, step, samples)
             state.next_step = step + 1
+            self.stall.shipped(trio.current_time(), self.figures())
             state.notify()
             await self.save_progress()
             await self._measure_payload()
@@ -160,17 +173,67 @@ class Daemon:
             discards=dict(sink.counters),
             updated_at=time.time(),
             pid=os.getpid(),
+            **self._shipping_progress(),
         )
         await trio.to_thread.run_sync(
             save_progress, self.config.state_dir, progress, limiter=self.file_limiter
         )
 
+    def _shipping_progress(self) -> dict[str, Any]:
+        """The stall watch's part of `progress.json` (wall-clock times)."""
+        stall, now, wall = self.stall, trio.current_time(), time.time()
+        recent = stall.recent(self.figures())
+        shipped_at = stall.shipped_at
+        return {
+            "started_at": wall - (now - stall.started_at),
+            "last_shipped_at": None if shipped_at is None else wall - (now - shipped_at),
+            "failures": dict(self.state.failures),
+            "recent_discards": dict(recent.discards),
+            "recent_failures": dict(recent.failures),
+            "top_error": recent.top_error,
+        }
+
+    # -- the stall watch -----------------------------------------------------------------
+
+    def figures(self) -> Figures:
+        """What the stall watch reads of the run now."""
+        state, sink = self.state, self.sink
+        return Figures(
+            step=state.next_step,
+            queued=sink.queued_samples,
+            needed=self.config.batch.size,
+            gate_open=state.may_ship(state.next_step),
+            applied_version=state.applied_version,
+            idle=state.stopping or state.done_shipping,
+            discards=sink.counters,
+            failures=dict(state.failures),
+            texts=state.rejections.texts(),
+        )
+
+    async def serve_stall_watch(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Warn while no batch ships (`[progress] stall_warning_s`); save progress with
+        each warning, so `orchestrator status` shows the same."""
+        await serve_stall_watch(
+            self.stall, self.figures, self.save_progress, task_status=task_status
+        )
+
     async def _delete(self, files: Sequence[str], path: str) -> None:
         if not files:
             return
-        count, freed = await delete_files(files, limiter=self.file_limiter)
-        self.state.files_deleted[path] += count
-        self.state.bytes_deleted[path] += freed
+        deletion = await delete_files(self.config.payload_root, files, limiter=self.file_limiter)
+        self.state.files_deleted[path] += deletion.files
+        self.state.bytes_deleted[path] += deletion.bytes
+        if deletion.problem_count:
+            # Left in place: a version directory that became a link or a mount point, or
+            # a file that cannot be deleted. The version collector reports them again.
+            log.warning(
+                "payload files not deleted",
+                path=path,
+                count=deletion.problem_count,
+                problems=list(deletion.problems),
+            )
 
     async def drop_everything_queued(self) -> None:
         """At the end of a run: nothing queued will ever ship, so free its files now."""
@@ -192,6 +255,7 @@ def _train_sample(queued: QueuedSample) -> TrainSample:
         payload=sample.payload,
         payload_dir=sample.payload_dir if sample.payload else None,
         inline=sample.inline,
+        server=queued.server,
     )
 
 
@@ -265,9 +329,19 @@ async def start_local_fleet(config: Config, nursery: trio.Nursery) -> list[str]:
 
 
 async def start_metrics(
-    listen: str, nursery: trio.Nursery, state: RunState, sink: TrainSink, policy: PolicyWatcher
+    listen: str,
+    nursery: trio.Nursery,
+    state: RunState,
+    sink: TrainSink,
+    policy: PolicyWatcher,
+    *,
+    sockets: Sequence[socket.socket] = (),
 ) -> None:
-    """The Prometheus endpoint and the event-loop lag monitor that feeds it."""
+    """The Prometheus endpoint and the event-loop lag monitor that feeds it.
+
+    `sockets`: listening sockets already bound to `listen` (`orchestrator.preflight`),
+    which the endpoint takes over; without them it binds `listen` itself.
+    """
     from orchestrator.metrics import (
         CollectionTimes,
         LoopStats,
@@ -282,30 +356,48 @@ async def start_metrics(
     # 50 ms: a fine enough view of lag for a scrape every few seconds, at ~0.5% of a core.
     await nursery.start(functools.partial(serve_loop_lag_monitor, loop_stats, interval_s=0.05))
     address = await nursery.start(
-        serve_metrics,
-        listen,
-        lambda: render_metrics(snapshot_from(state, sink, loop_stats, collections=collections)),
+        functools.partial(
+            serve_metrics,
+            listen,
+            lambda: render_metrics(snapshot_from(state, sink, loop_stats, collections=collections)),
+            sockets=sockets,
+        )
     )
     log.info("metrics endpoint", address=f"{address[0]}:{address[1]}")
 
 
 async def run_daemon(
-    config: Config, *, task_status: trio.TaskStatus[RunState] = trio.TASK_STATUS_IGNORED
+    config: Config,
+    *,
+    stop: Stop | None = None,
+    metrics_sockets: Sequence[socket.socket] = (),
+    task_status: trio.TaskStatus[RunState] = trio.TASK_STATUS_IGNORED,
 ) -> RunOutcome:
     """Run the orchestrator until `max_steps` batches are trained on, or until cancelled.
 
     Reports its `RunState` through `task_status` once dispatching has started, so a test
     or a status endpoint can watch it. Raises `UserError` for a start-up refusal (a payload
     root the wipe refuses), `InferenceUnavailable` when servers stay away too long.
+
+    `stop` (the `run` command's signals): the caller runs this inside `stop.scope`; a
+    request stops the run gracefully once dispatching, at once before (see
+    `orchestrator.stop`). `metrics_sockets`: the metrics listener, bound beforehand.
     """
     started = time.monotonic()
     state = RunState(
         max_off_policy_steps=config.staleness.max_off_policy_steps,
         max_async_steps=config.staleness.max_async_steps,
         max_steps=config.max_steps,
+        routing_shape=config.routing_shape,
     )
     daemon = Daemon(config, state, TrainSink(sink_limits(config)))
-    start = await trio.to_thread.run_sync(find_start_point, config.batches_dir, config.state_dir)
+    with trio.CancelScope(shield=True):  # a worker thread finishes it anyway
+        start = await trio.to_thread.run_sync(
+            find_start_point, config.batches_dir, config.state_dir
+        )
+    if stop is not None:
+        stop.watch(state, daemon.sink, first_step=start.resume_step + 1)
+        await trio.lowlevel.checkpoint()  # a stop asked for already ends it here, nothing done
     environment = make_environment(
         config.env.name,
         prompt_len_min=config.env.prompt_len_min,
@@ -321,7 +413,11 @@ async def run_daemon(
         # The clients outlive the nursery: no task can find them closed while it is being
         # cancelled.
         async with (
-            open_clients(config.inference.max_inflight) as clients,
+            open_clients(
+                config.inference.max_inflight,
+                max_reply_bytes=config.max_reply_bytes,
+                max_buffered_reply_bytes=config.max_buffered_reply_bytes,
+            ) as clients,
             trio.open_nursery() as nursery,
         ):
             urls = [*config.inference.urls, *await start_local_fleet(config, nursery)]
@@ -360,17 +456,27 @@ async def run_daemon(
                 pool,
             )
             if config.metrics.listen:
-                await start_metrics(config.metrics.listen, nursery, state, daemon.sink, policy)
+                await start_metrics(
+                    config.metrics.listen,
+                    nursery,
+                    state,
+                    daemon.sink,
+                    policy,
+                    sockets=metrics_sockets,
+                )
             await nursery.start(policy.serve)
             await nursery.start(daemon.serve_admission, receive)
             await nursery.start(daemon.serve_shipper)
             await nursery.start(dispatcher.serve)
+            await nursery.start(daemon.serve_stall_watch)
             if start.resumed and start.resume_step > 0:
                 # The start-up collection (DESIGN §7) runs like any policy update's, beside
                 # the rollouts of the applied version: over a root of a million files it
                 # takes minutes that the servers would otherwise sit idle.
                 nursery.start_soon(_settle_resumed, policy, start.resume_step)
             task_status.started(state)
+            if stop is not None:
+                _stop_gracefully_when_asked(stop, state, nursery)
             if config.max_steps:
                 await _wait_until_trained(state, config.max_steps)
                 await _drain_groups(state, config.inference.request_timeout_s)
@@ -397,6 +503,20 @@ async def run_daemon(
 async def _settle_resumed(policy: PolicyWatcher, version: int) -> None:
     await policy.settle(version)
     log.info("resumed", version=version, bound=policy.state.bound)
+
+
+def _stop_gracefully_when_asked(stop: Stop, state: RunState, nursery: trio.Nursery) -> None:
+    """From now on a stop request lets the groups in flight end after their requests
+    (within the grace time, or until a second request), then stops the run."""
+
+    async def stop_when_asked() -> None:
+        await stop.requested.wait()
+        with stop.grace():
+            await _drain_groups(state, math.inf)
+        stop.scope.cancel()
+
+    stop.graceful = True
+    nursery.start_soon(stop_when_asked)
 
 
 async def _wait_until_trained(state: RunState, max_steps: int) -> None:

@@ -19,18 +19,20 @@ import attrs
 import structlog
 import trio
 import trio.lowlevel
+from payload_gc import PayloadGCError, PayloadRootFiles
 
 from orchestrator.environments import Environment, Prompt
 from orchestrator.http11 import HTTP11Client
 from orchestrator.inference_client import (
     InferenceFailure,
+    TurnFiles,
     TurnOutput,
     build_generate_request,
+    check_turn_files,
     parse_generate_response,
     post_generate,
-    segment_files_problem,
 )
-from orchestrator.payload import FinalTokenRoute, version_dir
+from orchestrator.payload import FinalTokenRoute, RoutingShape, version_dir
 from orchestrator.rollouts import GroupResult, RolloutResult
 from orchestrator.run_state import InflightGroup, RunState
 from orchestrator.samples import RoutingDonor, build_sample, prompt_routing_donors
@@ -68,6 +70,7 @@ class RolloutRun:
     tokens: list[int]
     turns: list[tuple[int, TurnOutput]] = attrs.field(factory=list)
     failed: str | None = None
+    server: str = ""  # the inference server its group is pinned to
 
 
 @attrs.define
@@ -172,7 +175,7 @@ class Dispatcher:
             for i, run in enumerate(runs)
         )
         async with results:
-            await results.send(GroupResult(group_id, start_version, rollouts))
+            await results.send(GroupResult(group_id, start_version, rollouts, server=server))
 
     async def _check_files(self, runs: Sequence[RolloutRun]) -> None:
         """Check every segment file of the group on disk, in one worker-thread call.
@@ -181,25 +184,41 @@ class Dispatcher:
         (the episode's tokens stay good), so the check can wait until the group is done.
         """
         checks = [
-            (run, index, turn, str(run.payload_dir))
+            (run, index, turn)
             for run in runs
             if run.payload_dir is not None
             for index, (_, turn) in enumerate(run.turns)
-            if turn.poisoned is None and turn.segments
+            if turn.files
         ]
         if not checks:
             return
+        root = self.settings.payload_root
 
-        def check_all() -> list[str | None]:
-            return [segment_files_problem(t, payload_dir=d) for _, _, t, d in checks]
+        def check_all() -> list[TurnFiles]:
+            try:
+                opened = PayloadRootFiles(root)
+            except PayloadGCError as exc:
+                return [TurnFiles(f"payload root: {exc}", {}) for _ in checks]
+            with opened:
+                return [check_turn_files(t, files=opened, version=r.version) for r, _, t in checks]
 
-        problems = await trio.to_thread.run_sync(check_all, limiter=self.file_limiter)
+        found = await trio.to_thread.run_sync(check_all, limiter=self.file_limiter)
+        # What servers wrote, counted as found on disk (never the sizes replies claim).
+        sizes = {
+            (run.version, name): size
+            for (run, _, _), turn_files in zip(checks, found, strict=True)
+            for name, size in turn_files.sizes.items()
+        }
+        self.state.files_written += len(sizes)
+        self.state.bytes_written += sum(sizes.values())
+        problems = [turn_files.problem for turn_files in found]
         bound = self.state.collection_bound
-        for (run, index, turn, _), problem in zip(checks, problems, strict=True):
+        for (run, index, turn), problem in zip(checks, problems, strict=True):
             # A version collected while the check ran: the rollout is stale, not poisoned.
             if problem is not None and run.version >= bound:
-                self.state.failures["poisoned_payload"] += 1
-                log.warning("poisoned payload", rollout=run.rollout_id, reason=problem)
+                self.state.rejections.record(
+                    "poisoned_payload", run.server, problem, rollout=run.rollout_id
+                )
                 prompt_len = run.turns[index][0]
                 run.turns[index] = (prompt_len, attrs.evolve(turn, poisoned=problem))
 
@@ -219,7 +238,7 @@ class Dispatcher:
         settings, state = self.settings, self.state
         version = state.applied_version
         payload_dir = self._payload_dir(version) if settings.by_handle and settings.fields else None
-        run = RolloutRun(rollout_id, version, payload_dir, list(prompt.token_ids))
+        run = RolloutRun(rollout_id, version, payload_dir, list(prompt.token_ids), server=server)
         for turn_index in range(settings.max_turns):
             if stop.is_set():
                 run.failed = "stopped: the group can no longer ship"
@@ -245,6 +264,18 @@ class Dispatcher:
             run.tokens.extend(reply)
         return run
 
+    def _learn_routing_shape(self, turn: TurnOutput, server: str) -> None:
+        """With no routing shape configured, the first good reply with routing fixes it
+        for the run: every later reply must agree (docs/operations.md § Security model)."""
+        rows = _routing_rows(turn)
+        if rows is None or len(rows[0]) != 2:
+            return
+        (layers, top_k), _ = rows
+        self.state.routing_shape = RoutingShape(layers, top_k)
+        log.info(
+            "routing shape fixed by the first reply", server=server, layers=layers, top_k=top_k
+        )
+
     def _payload_dir(self, version: int) -> Path:
         if self._last_payload_dir is None or self._last_payload_dir[0] != version:
             self._last_payload_dir = (version, version_dir(self.settings.payload_root, version))
@@ -266,20 +297,39 @@ class Dispatcher:
             return RolloutResult(run.rollout_id, run.version, files=files, failed=run.failed)
         reward = self.environment.reward(prompt, [t.completion_ids for _, t in run.turns])
         served_from_cache = bool(run.turns) and run.turns[0][1].routing_pos > 0
-        donors = donors_for(run.version) if served_from_cache else []
-        sample, routing_dropped = build_sample(
-            run.rollout_id,
-            run.tokens,
-            run.turns,
-            payload_dir=run.payload_dir,
-            fields=settings.fields,
-            final_token_route=settings.final_token_route,
-            routing_donors=donors,
-        )
+        try:
+            donors = donors_for(run.version) if served_from_cache else []
+            sample, routing_dropped = build_sample(
+                run.rollout_id,
+                run.tokens,
+                run.turns,
+                payload_dir=run.payload_dir,
+                fields=settings.fields,
+                final_token_route=settings.final_token_route,
+                routing_donors=donors,
+            )
+        except Exception as exc:  # no reply may end the daemon
+            # Replies that passed every check but break the stitcher in a way nobody
+            # foresaw: this rollout is lost (its files go with it), the daemon runs on.
+            detail = f"cannot build the sample ({exc!r:.200})"
+            state.rejections.record("stitching", run.server, detail, rollout=run.rollout_id)
+            state.rollouts["failed"] += 1
+            return RolloutResult(run.rollout_id, run.version, files=files, failed=detail)
         if routing_dropped:
-            state.failures["routing_gap"] += 1
-            log.warning("routing gap: sample kept without routing", rollout=run.rollout_id)
+            state.rejections.record(
+                "routing_gap",
+                run.server,
+                "routing has a gap the stitcher cannot close: sample kept without routing",
+                rollout=run.rollout_id,
+            )
         poisoned = sample.untrainable is not None and sample.untrainable.startswith("poisoned")
+        if poisoned and not any(turn.poisoned for _, turn in run.turns):
+            # Every turn's payload was good on its own, but they cannot be stitched into
+            # one sample (turns that disagree on dtype or row shape). A poisoned turn was
+            # recorded as "poisoned_payload" already.
+            state.rejections.record(
+                "stitching", run.server, str(sample.untrainable), rollout=run.rollout_id
+            )
         state.rollouts["poisoned" if poisoned else "completed"] += 1
         return RolloutResult(
             run.rollout_id, run.version, reward=reward, samples=(sample,), files=files
@@ -304,27 +354,47 @@ class Dispatcher:
                 with trio.fail_after(settings.request_timeout_s):
                     raw = await post_generate(self.client, server, body)
                 turn = parse_generate_response(
-                    raw, prompt_len=prompt_len, payload_dir=payload_dir, fields=settings.fields
+                    raw,
+                    prompt_len=prompt_len,
+                    payload_dir=payload_dir,
+                    fields=settings.fields,
+                    routing_shape=self.state.routing_shape,
                 )
             except trio.TooSlowError:
                 failure = InferenceFailure("timeout", f"{server}: no answer in time")
             except InferenceFailure as exc:
                 failure = exc
+            except Exception as exc:
+                # A parser bug met by a reply nobody foresaw: a rejected reply, never a
+                # crash of the daemon.
+                failure = InferenceFailure("malformed", f"unparseable reply ({exc!r:.200})")
             else:
-                self.state.files_written += len({s.file for s in turn.segments.values()})
-                self.state.bytes_written += sum(s.nbytes for s in turn.segments.values())
                 if turn.poisoned is not None:
-                    self.state.failures["poisoned_payload"] += 1
-                    log.warning("poisoned payload", server=server, reason=turn.poisoned)
+                    self.state.rejections.record("poisoned_payload", server, turn.poisoned)
+                elif self.state.routing_shape is None:
+                    self._learn_routing_shape(turn, server)
                 return turn
-            self.state.failures[failure.kind] += 1
+            attempt += 1
+            retrying = failure.transient and attempt <= settings.retries and not stop.is_set()
+            self.state.rejections.record(
+                failure.kind, server, failure.detail, attempt=attempt, retrying=retrying
+            )
             if failure.kind == "connect":
                 self.pool.mark_down(server, failure.detail)
-            attempt += 1
-            if not failure.transient or attempt > settings.retries or stop.is_set():
+            if not retrying:
                 raise failure
-            log.info("retrying turn", server=server, error=str(failure), attempt=attempt)
             await trio.sleep(min(settings.retry_backoff_s * 2 ** (attempt - 1), 30.0))
+
+
+def _routing_rows(turn: TurnOutput) -> tuple[tuple[int, ...], str] | None:
+    """The row shape and dtype of the turn's routing, by handle or inline, if it has any."""
+    segment = turn.segments.get("routed_experts")
+    if segment is not None:
+        return segment.shape[1:], segment.dtype
+    inline = turn.inline.get("routed_experts")
+    if inline is not None:
+        return inline[0].shape[1:], inline[0].dtype.name
+    return None
 
 
 def _seed(run_seed: int, rollout_id: str, turn: int) -> int:

@@ -11,12 +11,26 @@ no connection limit: the dispatcher already bounds the requests in flight.
 
 Deadlines are the caller's (a cancel scope around `request`). A connection whose exchange
 was cancelled or broke is closed, never reused. Failures are `HTTPFailure` with `kind`
-"connect" (the server could not be reached) or "transport" (the connection broke, or the
-answer was not HTTP/1.1 the client could read).
+"connect" (the server could not be reached), "transport" (the connection broke, or the
+answer was not HTTP/1.1 the client could read) or "oversized" (the answer's body is longer
+than `max_response_bytes`).
+
+Answers are buffered whole, so memory is bounded twice: each body by `max_response_bytes`
+(a `Content-Length` above it is refused before any of the body is read; a longer chunked
+or close-delimited body when it gets there), and all bodies being read at once by
+`max_buffered_bytes`. Before reading a body a request reserves what it may need, its
+`Content-Length` or else `max_response_bytes`, from a budget shared by the client's
+requests, and gives it back when it returns. A request that does not fit waits, first
+come first served, while holding nothing: the requests it waits for hold their whole
+reservation and need nothing more, so each of them finishes (or fails, or reaches its
+deadline) and frees its share. Nothing can deadlock, and since a reservation never
+exceeds the budget a request alone always proceeds. The wait is inside the caller's
+deadline.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import ssl
 import urllib.parse
@@ -29,14 +43,16 @@ import trio
 #: Bytes asked of the socket per read (the buffer is allocated at this size, then shrunk
 #: to what arrived: small enough to stay off mmap for the common answer of a few KiB).
 RECEIVE_BYTES = 64 * 1024
-#: A larger answer is refused: nothing the daemon asks for comes near it (an inline
-#: payload of a 128k-token rollout of a 48-layer top-8 model is about 100 MB).
+#: The default bound on one answer's body (the daemon sets a tighter one: see
+#: `orchestrator.reply_limits`), and on all bodies being read at once.
 MAX_RESPONSE_BYTES = 1 << 30
+MAX_BUFFERED_BYTES = 1 << 30
 USER_AGENT = "rollout-orchestrator"
 
 
 class HTTPFailure(Exception):
-    """The request got no HTTP answer. `kind` is "connect" or "transport"."""
+    """The request got no usable HTTP answer. `kind` is "connect", "transport" or
+    "oversized"."""
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")
@@ -78,6 +94,57 @@ class Reply:
 
 
 @attrs.define(eq=False)
+class ByteBudget:
+    """Bytes shared by concurrent readers: `reserve` waits (first come, first served)
+    until the amount fits under `capacity`, `release` gives it back. A waiter holds
+    nothing, and a waiter whose wait is cancelled takes nothing. `peak` is the most ever
+    reserved at once."""
+
+    capacity: int
+    reserved: int = attrs.field(init=False, default=0)
+    peak: int = attrs.field(init=False, default=0)
+    _waiters: collections.deque[_Waiter] = attrs.field(init=False, factory=collections.deque)
+
+    async def reserve(self, nbytes: int) -> None:
+        if nbytes > self.capacity:
+            raise ValueError(f"cannot reserve {nbytes} of {self.capacity} bytes")
+        if not self._waiters and self.reserved + nbytes <= self.capacity:
+            self._take(nbytes)
+            return
+        waiter = _Waiter(nbytes)
+        self._waiters.append(waiter)
+        try:
+            await waiter.granted.wait()
+        except BaseException:
+            if waiter.granted.is_set():  # granted, then interrupted before it could be used
+                self.release(nbytes)
+            else:
+                self._waiters.remove(waiter)
+                self._grant()  # it may have been first in line, blocking smaller ones
+            raise
+
+    def release(self, nbytes: int) -> None:
+        self.reserved -= nbytes
+        self._grant()
+
+    def _take(self, nbytes: int) -> None:
+        self.reserved += nbytes
+        self.peak = max(self.peak, self.reserved)
+
+    def _grant(self) -> None:
+        while self._waiters and self.reserved + self._waiters[0].nbytes <= self.capacity:
+            waiter = self._waiters.popleft()
+            self._take(waiter.nbytes)
+            waiter.granted.set()
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    nbytes: int
+    granted: trio.Event = attrs.field(factory=trio.Event)
+
+
+@attrs.define(eq=False)
 class _Connection:
     stream: trio.abc.Stream
     socket: trio.socket.SocketType
@@ -100,14 +167,28 @@ class HTTP11Client:
     """Keep-alive HTTP/1.1 client; close it with `aclose` (or use `async with`).
 
     `max_idle` bounds the idle connections kept per origin; extra ones are closed. An
-    answer longer than `max_response_bytes` is a "transport" failure.
+    answer whose body is longer than `max_response_bytes` is an "oversized" failure; the
+    bodies being read at once hold at most `max_buffered_bytes` (at least
+    `max_response_bytes`), see the module docstring.
     """
 
     tls: ssl.SSLContext | None = None
     max_idle: int = 64
-    max_response_bytes: int = MAX_RESPONSE_BYTES
+    max_response_bytes: int = attrs.field(
+        default=MAX_RESPONSE_BYTES, validator=attrs.validators.ge(0)
+    )
+    max_buffered_bytes: int = MAX_BUFFERED_BYTES
+    budget: ByteBudget = attrs.field(init=False)
     _idle: dict[Origin, list[_Connection]] = attrs.field(init=False, factory=dict)
     _closed: bool = attrs.field(init=False, default=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_buffered_bytes < self.max_response_bytes:
+            raise ValueError(
+                f"max_buffered_bytes ({self.max_buffered_bytes}) must be at least "
+                f"max_response_bytes ({self.max_response_bytes})"
+            )
+        self.budget = ByteBudget(self.max_buffered_bytes)
 
     async def __aenter__(self) -> HTTP11Client:
         return self
@@ -137,9 +218,7 @@ class HTTP11Client:
         origin, target = split_url(url)
         connection = self._checkout(origin) or await self._connect(origin)
         try:
-            reply = await _exchange(
-                connection, origin, method, target, body, headers, self.max_response_bytes
-            )
+            reply = await _exchange(connection, origin, method, target, body, headers, self)
         except BaseException:
             connection.close()
             raise
@@ -201,7 +280,7 @@ async def _exchange(
     target: str,
     body: bytes,
     headers: Sequence[tuple[str, str]],
-    max_response_bytes: int,
+    client: HTTP11Client,
 ) -> Reply:
     protocol = connection.protocol
     where = f"{origin.scheme}://{origin.host_header}{target}"
@@ -226,34 +305,72 @@ async def _exchange(
         else:
             for part in parts:
                 await connection.stream.send_all(part)
-        return await _receive_reply(connection, where, max_response_bytes)
+        return await _receive_reply(
+            connection, where, method, client.max_response_bytes, client.budget
+        )
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
         raise HTTPFailure("transport", f"{where}: connection lost ({exc})") from None
     except h11.ProtocolError as exc:
         raise HTTPFailure("transport", f"{where}: bad HTTP/1.1 answer ({exc})") from None
 
 
-async def _receive_reply(connection: _Connection, where: str, max_response_bytes: int) -> Reply:
+async def _receive_reply(
+    connection: _Connection,
+    where: str,
+    method: str,
+    max_response_bytes: int,
+    budget: ByteBudget,
+) -> Reply:
+    """The answer, its body reserved from `budget` while it is read (module docstring)."""
     protocol, stream = connection.protocol, connection.stream
     status: int | None = None
     chunks: list[bytes] = []
     size = 0
-    while True:
-        event = protocol.next_event()
-        if event is h11.NEED_DATA:
-            protocol.receive_data(bytes(await stream.receive_some(RECEIVE_BYTES)))
-        elif isinstance(event, h11.Response):
-            status = event.status_code
-        elif isinstance(event, h11.Data):
-            size += len(event.data)
-            if size > max_response_bytes:
-                raise HTTPFailure(
-                    "transport", f"{where}: answer longer than {max_response_bytes} bytes"
-                )
-            chunks.append(event.data)
-        elif isinstance(event, h11.EndOfMessage):
-            assert status is not None  # h11 sends a Response before any EndOfMessage
-            return Reply(status, b"".join(chunks))
-        elif isinstance(event, h11.ConnectionClosed):
-            raise HTTPFailure("transport", f"{where}: the server closed the connection")
-        # h11.InformationalResponse (100 Continue and the like) carries nothing we need.
+    reserved = 0
+    try:
+        while True:
+            event = protocol.next_event()
+            if event is h11.NEED_DATA:
+                protocol.receive_data(bytes(await stream.receive_some(RECEIVE_BYTES)))
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+                announced = _announced_length(event, method)
+                if announced is not None and announced > max_response_bytes:
+                    raise HTTPFailure(
+                        "oversized",
+                        f"{where}: answer of {announced} bytes announced, "
+                        f"longer than {max_response_bytes} bytes",
+                    )
+                need = max_response_bytes if announced is None else announced
+                if need:
+                    await budget.reserve(need)
+                    reserved = need
+            elif isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > max_response_bytes:
+                    raise HTTPFailure(
+                        "oversized", f"{where}: answer longer than {max_response_bytes} bytes"
+                    )
+                chunks.append(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                assert status is not None  # h11 sends a Response before any EndOfMessage
+                return Reply(status, b"".join(chunks))
+            elif isinstance(event, h11.ConnectionClosed):
+                raise HTTPFailure("transport", f"{where}: the server closed the connection")
+            # h11.InformationalResponse (100 Continue and the like) carries nothing we need.
+    finally:
+        if reserved:
+            budget.release(reserved)
+
+
+def _announced_length(response: h11.Response, method: str) -> int | None:
+    """The body length the head announces, or None: chunked, or delimited by a close."""
+    if method == "HEAD" or response.status_code in (204, 304):
+        return 0
+    length = None
+    for name, value in response.headers:
+        if name == b"transfer-encoding":  # h11 accepts only chunked, and it overrides
+            return None
+        if name == b"content-length":  # h11 has checked it: digits, one value
+            length = int(value)
+    return length

@@ -26,16 +26,24 @@ class Clients:
 
 
 @contextlib.asynccontextmanager
-async def open_clients(max_inflight: int) -> AsyncIterator[Clients]:
+async def open_clients(
+    max_inflight: int, *, max_reply_bytes: int, max_buffered_reply_bytes: int
+) -> AsyncIterator[Clients]:
     """Both clients, closed on exit. `max_inflight` bounds the idle generate connections
-    kept per server.
+    kept per server; a generate reply may hold `max_reply_bytes`, and all of them together
+    `max_buffered_reply_bytes` (`Config.max_reply_bytes`, `Config.max_buffered_reply_bytes`).
 
     The TLS context (loading the trust store blocks for up to a second) is built once, in
     a worker thread, and shared.
     """
     tls: ssl.SSLContext = await trio.to_thread.run_sync(ssl.create_default_context)
     async with (
-        HTTP11Client(tls=tls, max_idle=max_inflight) as generate,
+        HTTP11Client(
+            tls=tls,
+            max_idle=max_inflight,
+            max_response_bytes=max_reply_bytes,
+            max_buffered_bytes=max_buffered_reply_bytes,
+        ) as generate,
         httpx.AsyncClient(timeout=None, verify=tls) as control,
     ):
         yield Clients(generate, control)

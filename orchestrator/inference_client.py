@@ -17,15 +17,19 @@ from typing import Any
 import attrs
 import httpx
 import numpy as np
+from payload_gc import PayloadRootFiles
 
 from orchestrator.http11 import HTTP11Client, HTTPFailure
 from orchestrator.payload import (
     BadSegment,
     PayloadError,
     PayloadSegment,
+    RoutingShape,
     check_segment,
-    check_segment_files,
+    check_within,
     decode_inline,
+    open_version_dir,
+    regular_file_size,
 )
 
 GENERATE_PATH = "/inference/v1/generate"
@@ -38,8 +42,10 @@ class InferenceFailure(Exception):
 
     `kind` is one of "connect" (the server refused or could not be reached: it is
     probably down), "transport" (a connection broke mid-request, e.g. a reused keep-alive
-    connection the server had closed), "timeout", "http_5xx", "http_4xx", "malformed". All
-    but "http_4xx" are transient: the same request may succeed when tried again.
+    connection the server had closed), "timeout", "http_5xx", "http_4xx", "malformed",
+    "oversized" (a body longer than the generate client's cap: it was not read, and its
+    connection closed). All but "http_4xx" are transient: the same request may succeed
+    when tried again.
     """
 
     def __init__(self, kind: str, detail: str) -> None:
@@ -126,12 +132,14 @@ def parse_generate_response(
     prompt_len: int,
     payload_dir: Path | None,
     fields: Sequence[str],
+    routing_shape: RoutingShape | None = None,
 ) -> TurnOutput:
     """Parse and validate a generate response (pure: no file is touched).
 
     Malformed JSON or a malformed choice raises `InferenceFailure("malformed")`: the
     request is retried. A bad or missing payload does not raise: the turn comes back
     `poisoned`, so the rollout is counted and dropped, never trained on and never a crash.
+    Routing that contradicts `routing_shape` (the model's, when known) is poisoned too.
     """
     try:
         doc = json.loads(body)
@@ -156,12 +164,20 @@ def parse_generate_response(
         return TurnOutput(completion, logprobs, finish_reason, routing_pos)
     if payload_dir is None:
         arrays, poisoned = _inline_arrays(choice, fields)
+        if poisoned is None and routing_shape is not None and "routed_experts" in arrays:
+            ids = arrays["routed_experts"][0]
+            poisoned = routing_shape.problem(ids.shape[1:], ids.dtype.name) or (
+                routing_shape.ids_problem(ids)
+            )
         return TurnOutput(
             completion, logprobs, finish_reason, routing_pos, inline=arrays, poisoned=poisoned
         )
     segments, files, poisoned = _segments(choice, payload_dir)
     if poisoned is None:
         poisoned = _check_rows(segments, fields, prompt_len, completion, routing_pos)
+    routing = segments.get("routed_experts")
+    if poisoned is None and routing_shape is not None and routing is not None:
+        poisoned = routing_shape.problem(routing.shape[1:], routing.dtype)
     return TurnOutput(
         completion,
         logprobs,
@@ -202,7 +218,7 @@ def _segments(
     directory = str(payload_dir)
     for item in raw:
         try:
-            segment = PayloadSegment.from_json(item)
+            segment = PayloadSegment.from_reply(item)
             check_segment(segment)
         except BadSegment as exc:
             problem = problem or f"bad segment: {exc}"
@@ -242,16 +258,44 @@ def _check_rows(
     return None
 
 
-def segment_files_problem(turn: TurnOutput, *, payload_dir: str | Path) -> str | None:
-    """What is wrong with the turn's segment files in `payload_dir` (missing, short, a
-    link, not a regular file), or None. Blocking: one `lstat` per file."""
-    if turn.poisoned is not None or not turn.segments:
-        return None
+@attrs.frozen
+class TurnFiles:
+    """A turn's payload files as found on disk: what is wrong with them (`None` when
+    nothing is, or when the turn was poisoned already) and the size of each of its files
+    that exists as a regular file, by name."""
+
+    problem: str | None
+    sizes: Mapping[str, int]
+
+
+def check_turn_files(turn: TurnOutput, *, files: PayloadRootFiles, version: int) -> TurnFiles:
+    """Look at the turn's files in `v<version>` of the open payload root (payload_gc's
+    fd-relative, no-follow access: a version directory that is a link or a mount point
+    is refused): each must be a regular file holding its segments' bytes. Blocking: one
+    `lstat` per file."""
+    checked = turn.poisoned is None and bool(turn.segments)
     try:
-        check_segment_files(turn.segments.values(), payload_dir)
+        directory = open_version_dir(files, version)
     except PayloadError as exc:
-        return str(exc)
-    return None
+        return TurnFiles(str(exc) if checked else None, {})
+    sizes: dict[str, int] = {}
+    problem: str | None = None
+    for path in sorted(turn.files):
+        name = path.rpartition("/")[2]
+        try:
+            sizes[name] = regular_file_size(directory, name)
+        except PayloadError as exc:
+            problem = problem or str(exc)
+    if not checked:
+        return TurnFiles(None, sizes)
+    if problem is None:
+        try:
+            for segment in turn.segments.values():
+                if not segment.is_fill:
+                    check_within(segment, sizes[segment.file])
+        except PayloadError as exc:
+            problem = str(exc)
+    return TurnFiles(problem, sizes)
 
 
 class _OneChunk(httpx.AsyncByteStream):

@@ -26,6 +26,7 @@ import attrs
 
 from orchestrator._durable_files import replace_file_atomically
 from orchestrator.errors import UserError
+from orchestrator.rejections import TopError
 
 PROGRESS_FILE = "progress.json"
 LOCK_FILE = "daemon.lock"
@@ -33,7 +34,14 @@ LOCK_FILE = "daemon.lock"
 
 @attrs.frozen
 class Progress:
-    """A snapshot of the run, as `progress.json` holds it."""
+    """A snapshot of the run, as `progress.json` holds it.
+
+    Times are Unix times. `started_at` is when the daemon started, `last_shipped_at` when
+    it last shipped a batch (None: none since it started). `failures` are totals by kind
+    since it started; `recent_discards`, `recent_failures` and `top_error` (the most
+    common error text) count since the last shipped batch, or since the start. Files
+    written before these keys existed read with their defaults.
+    """
 
     step: int  # the last shipped batch (0: none)
     applied_version: int
@@ -43,6 +51,12 @@ class Progress:
     discards: Mapping[str, int] = attrs.field(factory=dict)
     updated_at: float = 0.0
     pid: int = 0
+    started_at: float = 0.0
+    last_shipped_at: float | None = None
+    failures: Mapping[str, int] = attrs.field(factory=dict)
+    recent_discards: Mapping[str, int] = attrs.field(factory=dict)
+    recent_failures: Mapping[str, int] = attrs.field(factory=dict)
+    top_error: TopError | None = None
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -68,9 +82,29 @@ def load_progress(state_dir: Path) -> Progress | None:
             discards={str(k): int(v) for k, v in dict(raw.get("discards", {})).items()},
             updated_at=float(raw.get("updated_at", 0.0)),
             pid=int(raw.get("pid", 0)),
+            started_at=float(raw.get("started_at", 0.0)),
+            last_shipped_at=_optional_float(raw.get("last_shipped_at")),
+            failures=_counts(raw.get("failures")),
+            recent_discards=_counts(raw.get("recent_discards")),
+            recent_failures=_counts(raw.get("recent_failures")),
+            top_error=_top_error(raw.get("top_error")),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _counts(value: Any) -> dict[str, int]:
+    return {str(k): int(v) for k, v in dict(value or {}).items()}
+
+
+def _top_error(value: Any) -> TopError | None:
+    if value is None:
+        return None
+    return TopError(str(value["kind"]), str(value["text"]), int(value["count"]))
 
 
 class RunLocked(UserError):

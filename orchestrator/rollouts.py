@@ -78,8 +78,13 @@ class RolloutResult:
 
 @attrs.frozen
 class GroupResult:
-    """All members of one group, as handed from the dispatcher to the sink."""
+    """All members of one group, as handed from the dispatcher to the sink.
+
+    `server` is the URL of the inference server every member ran on (a group is pinned
+    to one); it goes into each shipped sample so a trainer can name it.
+    """
 
     group_id: str
     start_version: int
     rollouts: tuple[RolloutResult, ...]
+    server: str | None = None

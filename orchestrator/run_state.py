@@ -14,6 +14,9 @@ import attrs
 import trio
 from payload_gc import min_fresh_version
 
+from orchestrator.payload import RoutingShape
+from orchestrator.rejections import Rejections
+
 
 @attrs.frozen
 class InflightGroup:
@@ -49,6 +52,10 @@ class RunState:
     # Outcomes of rollouts ("completed", "failed", "poisoned") and failures by kind.
     rollouts: Counter[str] = attrs.field(factory=Counter)
     failures: Counter[str] = attrs.field(factory=Counter)
+    # Every failure is recorded through this (its counts are `failures` itself).
+    rejections: Rejections = attrs.field(
+        default=attrs.Factory(lambda self: Rejections(self.failures), takes_self=True)
+    )
     # Files and bytes deleted, by path: "discard", "sweep", "collection", "wipe".
     files_deleted: Counter[str] = attrs.field(factory=Counter)
     bytes_deleted: Counter[str] = attrs.field(factory=Counter)
@@ -57,6 +64,9 @@ class RunState:
     peak_payload_bytes: int = 0
     payload_bytes: int = 0
     stopping: bool = False
+    # The model's routing shape every reply is checked against: from the config, or fixed
+    # by the first reply of the run that carries routing (None until then).
+    routing_shape: RoutingShape | None = None
     _changed: trio.Event = attrs.field(factory=trio.Event)
 
     def notify(self) -> None:

@@ -64,7 +64,10 @@ class SinkLimits:
 
 @attrs.frozen
 class QueuedSample:
-    """A scored sample waiting in the queue (and, once shipped, one entry of a batch)."""
+    """A scored sample waiting in the queue (and, once shipped, one entry of a batch).
+
+    `server` is the inference server that generated it (its group's).
+    """
 
     sample: Sample
     group_id: str
@@ -72,6 +75,7 @@ class QueuedSample:
     dispatch_version: int
     reward: float
     advantage: float
+    server: str | None = None
 
 
 @attrs.frozen
@@ -144,6 +148,7 @@ def _judge(group: GroupResult, limits: SinkLimits, bound: int) -> _Verdict:
                     dispatch_version=rollout.dispatch_version,
                     reward=rollout.reward,
                     advantage=rollout.reward - mean_reward,
+                    server=group.server,
                 )
             )
 

@@ -49,6 +49,16 @@ async def wipe_payload_root(root: Path) -> None:
     except PayloadGCError as exc:
         raise UserError(f"cannot start a fresh run: {exc}") from None
     log.info("wiped payload root", root=str(root), files=getattr(report, "files", None))
+    left = [f"{name} (mount point)" for name in report.kept]
+    left += [f"{error.name} ({error.message})" for error in report.errors]
+    if left:
+        # A fresh run's versions start again at v0: anything left would be taken for them
+        # (and a mount point would be refused for every rollout of its version).
+        raise UserError(
+            f"cannot start a fresh run: the wipe of {root} left {', '.join(left[:5])}"
+            f"{f' and {len(left) - 5} more' if len(left) > 5 else ''} in place; "
+            "unmount or remove them, then start again"
+        )
 
 
 async def wait_for_version(weights_dir: Path, version: int, *, poll_interval_s: float) -> None:

@@ -2,13 +2,16 @@
 
 Invariants, checked from what is on disk, not from what the daemon believes:
 - batches 1..N are contiguous: the complete batch directories are exactly `step_1..N`;
-- the trainer saw no missing or corrupt payload (its report, when it wrote one);
+- the trainer saw no violation: no missing payload file, no unreadable batch (its report,
+  when it wrote one). Samples it dropped for a corrupt payload are the inference servers'
+  fault, not the daemon's: the detail counts them by server, but they fail nothing;
 - after the last collection no `v<k>` below the bound remains in the payload root.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +36,14 @@ def check_invariants(
     trainer_report: Path,
     last_step: int,
     bound: int | None,
+    stopped: bool = False,
 ) -> list[Invariant]:
-    """Check the run's invariants on disk. Blocking."""
+    """Check the run's invariants on disk. Blocking.
+
+    `stopped`: the run was stopped by a signal. Requests it cancelled may still write
+    files into versions below the bound, which the next collection removes (DESIGN §3):
+    what is left below the bound is then reported, but cannot be held against the run.
+    """
     steps = shipped_steps(batches_dir) if batches_dir.exists() else []
     expected = list(range(1, last_step + 1))
     contiguous = Invariant(
@@ -52,9 +61,10 @@ def check_invariants(
             "no payload violations",
             count == 0,
             f"the trainer read {report.get('samples', '?')} samples of "
-            f"{report.get('steps', '?')} batches, {count} missing or corrupt payloads",
+            f"{report.get('steps', '?')} batches, {count} violations "
+            f"(missing payloads, unreadable batches); {_dropped_detail(report)}",
         )
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, TypeError):
         violations = Invariant("no payload violations", None, "no trainer report to check")
     versions = (
         parse_version(entry.name)
@@ -68,7 +78,24 @@ def check_invariants(
         if bound is None
         else (f"only v<k> >= v{bound} remain" if not stale else f"left below v{bound}: {stale}"),
     )
+    if stopped and stale:
+        collected = Invariant(
+            collected.name,
+            None,
+            f"{collected.detail}, written by requests the stop cancelled; "
+            "the next collection removes them",
+        )
     return [contiguous, violations, collected]
+
+
+def _dropped_detail(report: dict[str, Any]) -> str:
+    """How many samples the trainer dropped for broken payloads, by server."""
+    dropped = report.get("dropped", [])
+    if not dropped:
+        return "no sample dropped"
+    by_server = Counter(str(d.get("server") or "unknown server") for d in dropped)
+    servers = ", ".join(f"{server} {n}" for server, n in sorted(by_server.items()))
+    return f"{len(dropped)} samples dropped for broken payloads ({servers})"
 
 
 def summary_data(
@@ -121,6 +148,13 @@ def render_summary(data: dict[str, Any]) -> str:
         f"at exit {human_bytes(data['final_payload_bytes'])}",
         "invariants",
     ]
+    if data.get("stopped_by"):
+        how = "at once (second signal)" if data.get("forced_by") else "gracefully"
+        lines.insert(
+            2,
+            f"stopped        by {data['stopped_by']}, {how}, before the end of the run; "
+            "the same command resumes it",
+        )
     for inv in data["invariants"]:
         mark = {True: "ok  ", False: "FAIL", None: "n/a "}[inv["held"]]
         lines.append(f"  {mark} {inv['name']}: {inv['detail']}")

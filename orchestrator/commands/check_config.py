@@ -25,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
 def derived_values_comment(config: Config) -> str:
     """TOML comment lines with what the daemon derives from the config, and why."""
     mode = "by handle" if config.by_handle else "inline"
+    inference = config.inference
     lines = [
         "# Resolved config (every key, defaults included); derived values:",
         f"#   payload mode: {mode} ({config.payload_mode_reason})",
@@ -32,5 +33,12 @@ def derived_values_comment(config: Config) -> str:
         f"#   batches_dir:  {config.batches_dir}",
         f"#   weights_dir:  {config.weights_dir}",
         f"#   state_dir:    {config.state_dir}",
+        f"#   reply cap:    {config.max_reply_bytes} bytes ({_how(inference.max_reply_bytes)})",
+        f"#   reply budget: {config.max_buffered_reply_bytes} bytes "
+        f"({_how(inference.max_buffered_reply_bytes)})",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _how(configured: int) -> str:
+    return "set" if configured else "derived"

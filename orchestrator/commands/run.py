@@ -1,4 +1,11 @@
-"""`orchestrator run --config FILE [--set key=value ...]`: the daemon."""
+"""`orchestrator run --config FILE [--set key=value ...]`: the daemon.
+
+Start-up checks everything that can fail before anything on disk changes
+(`orchestrator.preflight`). SIGINT and SIGTERM are caught from the first line of `run`
+on: a signal during start-up stops the run there, the first one while running stops it
+gracefully within `shutdown.grace_s`, a second one stops it at once (`orchestrator.stop`).
+Every end prints the summary; docs/operations.md § Signals has the exit codes.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +13,12 @@ import argparse
 import json
 import signal
 import sys
+import time
+from types import FrameType
 
 HELP = "run the orchestrator daemon (with the local fleet and trainer when [sim] asks)"
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,15 +32,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class _EarlySignals:
+    """Plain handlers that only record SIGINT/SIGTERM, for the time before trio's receiver
+    takes over (imports, config, start-up checks) and after it gives them back: a signal
+    then is acted on as soon as the run can, instead of killing the process silently."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._previous = {signum: signal.signal(signum, self._record) for signum in STOP_SIGNALS}
+
+    def restore(self) -> None:
+        """Give the signals back to the handlers they had (the command is over)."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _record(self, signum: int, _frame: FrameType | None) -> None:
+        self.received.append(signum)
+
+    def take(self) -> list[int]:
+        taken, self.received[:] = list(self.received), []
+        return taken
+
+
 def run(args: argparse.Namespace) -> int:
+    early = _EarlySignals()
+    try:
+        return _run(args, early)
+    finally:
+        early.restore()
+
+
+def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
+    began = time.monotonic()
     import structlog
     import trio
 
+    from orchestrator.batches import shipped_steps
     from orchestrator.config import config_from_args
     from orchestrator.daemon import RunOutcome, run_daemon
     from orchestrator.logs import configure_logging
-    from orchestrator.progress import hold_run_lock
+    from orchestrator.payload_disk import tree_bytes
+    from orchestrator.preflight import preflight
     from orchestrator.server_pool import InferenceUnavailable
+    from orchestrator.stop import Stop
     from orchestrator.summary import (
         check_invariants,
         invariants_hold,
@@ -41,41 +86,70 @@ def run(args: argparse.Namespace) -> int:
     configure_logging()
     log = structlog.get_logger("orchestrator")
 
-    async def main() -> RunOutcome | None:
+    async def main() -> tuple[RunOutcome, Stop, bool]:
+        stop = Stop(grace_s=config.shutdown.grace_s)
         outcome: RunOutcome | None = None
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        stopped = False
+        with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+            for signum in early.take():
+                stop.request(signal.Signals(signum).name)
             async with trio.open_nursery() as nursery:
 
-                async def daemon() -> None:
-                    nonlocal outcome
-                    outcome = await run_daemon(config)
-                    nursery.cancel_scope.cancel()
+                async def watch_signals() -> None:
+                    async for signum in signals:
+                        stop.request(signal.Signals(signum).name)
 
-                nursery.start_soon(daemon)
-                async for signum in signals:
-                    log.info("stopping", signal=signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                    break
-        return outcome
+                nursery.start_soon(watch_signals)
+                with stop.scope:
+                    outcome = await run_daemon(
+                        config, stop=stop, metrics_sockets=checked.metrics_sockets
+                    )
+                if outcome is None:
+                    # Only a stop ends `run_daemon` without an outcome or an exception.
+                    stopped = True
+                    outcome = await stopped_outcome(stop)
+                nursery.cancel_scope.cancel()
+        return outcome, stop, stopped
 
-    with hold_run_lock(config.state_dir):
+    async def stopped_outcome(stop: Stop) -> RunOutcome:
+        """What a run stopped by a signal did, measured within what is left of the grace."""
+        assert stop.state is not None and stop.sink is not None  # run_daemon's first await
+        state = stop.state
+        with stop.grace():
+            # A walk that only reads: a second signal may abandon it.
+            _, on_disk = await trio.to_thread.run_sync(
+                tree_bytes, config.payload_root, abandon_on_cancel=True
+            )
+            state.record_payload_bytes(on_disk)
+        # A stop can land between a batch's rename into place and the daemon counting it:
+        # the batch directories on disk are what was shipped (DESIGN §5).
+        batches = config.batches_dir
+        shipped = shipped_steps(batches) if batches.is_dir() else []
+        state.next_step = max(state.next_step, shipped[-1] + 1 if shipped else 1)
+        log.info(
+            "stopped",
+            signal=stop.reason,
+            last_shipped=state.next_step - 1,
+            next="start the same command again to resume",
+        )
+        return RunOutcome(state, stop.sink, stop.first_step, time.monotonic() - began, ())
+
+    with preflight(config) as checked:
         try:
-            outcome = trio.run(main)
+            outcome, stop, stopped = trio.run(main)
         except BaseExceptionGroup as group:
             unavailable, rest = group.split(InferenceUnavailable)
             if unavailable is None or rest is not None:
                 raise
             print(f"orchestrator run: error: {_first_leaf(unavailable)}", file=sys.stderr)
             return 1
-    if outcome is None:
-        log.info("stopped before the end of the run; start it again to resume")
-        return 0
     invariants = check_invariants(
         batches_dir=config.batches_dir,
         payload_root=config.payload_root,
         trainer_report=config.run_dir / "trainer" / "report.json",
         last_step=outcome.state.next_step - 1,
         bound=outcome.state.bound,
+        stopped=stopped,
     )
     data = summary_data(
         outcome.state,
@@ -84,11 +158,18 @@ def run(args: argparse.Namespace) -> int:
         duration_s=outcome.duration_s,
         first_step=outcome.first_step,
     )
+    data["stopped_by"] = stop.reason if stopped else None
+    data["forced_by"] = stop.forced_by if stopped else None
     print(render_summary(data), file=sys.stderr)
     if args.summary_json:
         with open(args.summary_json, "w") as out:
             json.dump(data, out, indent=1)
-    return 0 if invariants_hold(data) else 1
+    if not invariants_hold(data):
+        return 1
+    if stopped and stop.forced_by is not None:
+        # The graceful part was cut short: say so to whoever waits for the exit status.
+        return 128 + signal.Signals[stop.forced_by].value
+    return 0
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -2,9 +2,10 @@
 
 Reads each batch the orchestrator ships (every payload byte, digests verified), then
 publishes the next version, until `max_steps` (0: until SIGINT/SIGTERM). Logs one line
-per step on stderr and keeps `<run_dir>/trainer/report.json` up to date. Exit status: 0
-when every batch was read cleanly, 1 when some batch violated the hand-off (a missing or
-corrupt payload file, a malformed batch), 2 for bad input.
+per step on stderr and keeps `<run_dir>/trainer/report.json` up to date. A sample with a
+corrupt payload is dropped (logged with its rollout and server) and the rest of its batch
+trained on. Exit status: 0 when no batch violated the hand-off (dropped corrupt samples
+included), 1 when one did (a missing payload file, a malformed batch), 2 for bad input.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         steps=stats.steps,
         last_step=stats.last_step,
         samples=stats.samples,
+        dropped=len(stats.dropped),
         payload_bytes=stats.payload_bytes,
         violations=len(stats.violations),
         report=str(trainer_config.report_path),

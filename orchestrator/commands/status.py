@@ -225,6 +225,7 @@ def status_document(snapshot: RunSnapshot, payload: PayloadSurvey, now: float) -
         "progress_file": str(snapshot.progress_path),
         "progress_problem": snapshot.progress_problem,
         "progress": None if progress is None else _progress_json(progress, now),
+        "shipping": None if progress is None else _shipping_json(snapshot, progress, now),
         "next_collection": next_collection,
         "payload_root": _payload_json(payload),
     }
@@ -242,7 +243,69 @@ def _progress_json(progress: Progress, now: float) -> dict[str, Any]:
         "inflight_rollouts": progress.inflight_rollouts,
         "queued_samples": progress.queued_samples,
         "discards": dict(progress.discards),
+        "failures": dict(progress.failures),
+        "started_at": progress.started_at or None,
+        "last_shipped_at": progress.last_shipped_at,
+        # Since the last shipped batch (or the daemon's start), as of `updated_at`.
+        "recent_discards": dict(progress.recent_discards),
+        "recent_failures": dict(progress.recent_failures),
+        "top_error": None if progress.top_error is None else progress.top_error.to_json(),
     }
+
+
+def _shipping_json(snapshot: RunSnapshot, progress: Progress, now: float) -> dict[str, Any]:
+    quiet = quiet_seconds(progress, now)
+    return {
+        "quiet_s": None if quiet is None else round(quiet, 1),
+        "stall_warning_s": snapshot.stall_warning_s,
+        "stalled": is_stalled(snapshot, progress, now),
+        "summary": describe_shipping(snapshot, progress, now),
+    }
+
+
+# -- shipping: is the run stalled? -----------------------------------------------------
+
+
+def quiet_seconds(progress: Progress, now: float) -> float | None:
+    """Seconds since the daemon last shipped a batch (or started, when it has shipped
+    none); None when the progress file predates these times."""
+    since = progress.last_shipped_at or progress.started_at
+    return None if since <= 0 else now - since
+
+
+def is_stalled(snapshot: RunSnapshot, progress: Progress, now: float) -> bool:
+    """Whether a daemon that may be running has shipped nothing for `stall_warning_s`."""
+    quiet = quiet_seconds(progress, now)
+    return (
+        snapshot.daemon.running is not False
+        and snapshot.stall_warning_s > 0
+        and quiet is not None
+        and quiet >= snapshot.stall_warning_s
+    )
+
+
+def describe_shipping(snapshot: RunSnapshot, progress: Progress, now: float) -> str | None:
+    """One line on shipping: `no batch shipped for 45 s; most discards: untrainable (4512);
+    most common error: malformed: ... (903x)` when stalled, else when the last batch
+    shipped. None for a progress file without these times."""
+    from orchestrator._run_inspect import format_as_of
+    from orchestrator.stall import most_discarded
+
+    quiet = quiet_seconds(progress, now)
+    if quiet is None:
+        return None
+    if is_stalled(snapshot, progress, now):
+        parts = [f"no batch shipped for {quiet:.0f} s"]
+    elif progress.last_shipped_at is not None:
+        parts = [f"last batch shipped {format_as_of(progress.last_shipped_at, now)}"]
+    else:
+        parts = [f"none since the daemon started {format_as_of(progress.started_at, now)}"]
+    dominant = most_discarded(progress.recent_discards)
+    if dominant is not None:
+        parts.append(f"most discards: {dominant[0]} ({dominant[1]})")
+    if progress.top_error is not None:
+        parts.append(f"most common error: {progress.top_error.describe()}")
+    return "; ".join(parts)
 
 
 def _payload_json(payload: PayloadSurvey) -> dict[str, Any]:
@@ -285,6 +348,9 @@ def render_status(snapshot: RunSnapshot, payload: PayloadSurvey, now: float) -> 
         facts.append(("progress", f"none: {snapshot.progress_path} is {snapshot.progress_problem}"))
     else:
         facts.extend(_progress_facts(progress, now))
+        shipping = describe_shipping(snapshot, progress, now)
+        if shipping is not None:
+            facts.append(("shipping", shipping))
     facts.append(("next collection", _describe_next(snapshot, payload)))
     width = max(len(label) for label, _ in facts) + 1
     lines = [f"run {snapshot.run_dir}"]
@@ -331,7 +397,14 @@ def _progress_facts(progress: Progress, now: float) -> list[tuple[str, str]]:
             f" (as of {as_of})",
         ),
         ("discards", discards or "none"),
+        *_failure_facts(progress),
     ]
+
+
+def _failure_facts(progress: Progress) -> list[tuple[str, str]]:
+    # Shown only when the daemon saved them (older progress files have none).
+    failures = ", ".join(f"{kind} {n}" for kind, n in sorted(progress.failures.items()) if n)
+    return [("failures", failures)] if failures else []
 
 
 def _describe_next(snapshot: RunSnapshot, payload: PayloadSurvey) -> str:

@@ -12,6 +12,7 @@ from ._errors import PayloadError as PayloadError
 from ._errors import PayloadMissing as PayloadMissing
 from ._inline import decode_inline as decode_inline
 from ._inline import encode_inline as encode_inline
+from ._model_shape import RoutingShape as RoutingShape
 from ._reader import read_sample_payload as read_sample_payload
 from ._reader import read_segment as read_segment
 from ._routing import compact_routed_experts as compact_routed_experts
@@ -30,6 +31,9 @@ from ._stitch import stitch_masks as stitch_masks
 from ._stitch import stitch_routing as stitch_routing
 from ._validate import check_segment as check_segment
 from ._validate import check_segment_files as check_segment_files
+from ._validate import check_within as check_within
+from ._validate import open_version_dir as open_version_dir
+from ._validate import regular_file_size as regular_file_size
 from ._validate import validate_payload_dir as validate_payload_dir
 from ._validate import validate_segment as validate_segment
 from ._validate import validate_segments as validate_segments
@@ -48,16 +52,20 @@ __all__ = [
     "PayloadError",
     "PayloadMissing",
     "PayloadSegment",
+    "RoutingShape",
     "check_segment",
     "check_segment_files",
+    "check_within",
     "clip_segment",
     "compact_routed_experts",
     "decode_inline",
     "encode_inline",
+    "open_version_dir",
     "payload_digest",
     "plan_routing",
     "read_sample_payload",
     "read_segment",
+    "regular_file_size",
     "sentinel_dtype",
     "stitch_inline_masks",
     "stitch_inline_routing",

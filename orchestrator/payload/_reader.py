@@ -3,8 +3,9 @@
 Every segment is validated before any byte is read, so nothing outside `payload_dir` is
 ever opened; files are opened relative to the directory and without following symbolic
 links. Only the bytes of the requested rows are read, unless digests are verified: then
-each digested byte range is read whole (once, however many segments were clipped from
-it), hashed, and sliced.
+every digested byte range of the sample is read whole (once, however many segments were
+clipped from it) and hashed, also those outside a row window, so that every rank of a
+context-parallel group accepts or rejects a sample alike; the rows are sliced from it.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def read_sample_payload(
     padding. ``n`` is `sample_len`, or ``len(rows)`` when `rows` (a window of positions
     with step 1, as a context-parallel rank reads) is given; then only those rows' bytes
     are read. Every segment's file must still exist and hold its bytes, even outside the
-    window (an ``fstat``, no read). With `verify`, digests are checked.
+    window (an ``fstat``, no read). With `verify`, the digest of every segment is checked,
+    even outside the window (its digested range is read and hashed): whether a sample
+    reads cleanly never depends on `rows`.
 
     Raises `BadSegment` (before reading anything) for a segment that fails
     `validate_segment`, is filed under another field, lies past the sample or overlaps
@@ -72,6 +75,13 @@ def read_sample_payload(
             for segment in field_segments:
                 if not segment.is_fill:
                     files.check_size(segment)
+        if verify:
+            # Every digest, not only those of the window's segments: otherwise two ranks
+            # could disagree about a sample. The ranges the window reads are kept.
+            for field_segments in segments.values():
+                for segment in field_segments:
+                    if not segment.is_fill:
+                        files.verify(segment, keep=_overlap(segment, window) is not None)
         if routed is not None:
             out["routed_experts"] = _assemble_routing(files, routed, window)
         if masks is not None:
@@ -100,6 +110,7 @@ class _PayloadFiles:
         self._dir_fd: int | None = None
         self._files: dict[str, tuple[int, int]] = {}  # name -> (fd, size)
         self._verified: dict[tuple[str, int, int], bytearray] = {}
+        self._verified_unkept: set[tuple[str, int, int]] = set()
 
     def __enter__(self) -> _PayloadFiles:
         return self
@@ -142,18 +153,38 @@ class _PayloadFiles:
         array = np.frombuffer(raw, dtype=dtype).reshape((rows, *segment.shape[1:]))
         return array.astype(np.dtype(segment.dtype), copy=False)
 
+    def verify(self, segment: PayloadSegment, *, keep: bool) -> None:
+        """Raise `PayloadCorrupt` unless the segment's digested range matches its digest.
+
+        With `keep`, the verified bytes stay for `read_rows`; otherwise only the fact that
+        they were verified does (a range outside a row window is hashed, not held).
+        """
+        offset, nbytes = segment.digest_range
+        key = (segment.file, offset, nbytes)
+        if key in self._verified or (not keep and key in self._verified_unkept):
+            return
+        data = self._read_and_check(segment)
+        if keep:
+            self._verified[key] = data
+        else:
+            self._verified_unkept.add(key)
+
     def _verified_range(self, segment: PayloadSegment) -> bytearray:
         offset, nbytes = segment.digest_range
         key = (segment.file, offset, nbytes)
         data = self._verified.get(key)
         if data is None:
-            data = self._pread(segment.file, offset, nbytes)
-            if payload_digest(data) != segment.digest:
-                raise PayloadCorrupt(
-                    self._payload_dir / segment.file,
-                    f"{segment.field} bytes {offset}..{offset + nbytes}",
-                )
-            self._verified[key] = data
+            data = self._verified[key] = self._read_and_check(segment)
+        return data
+
+    def _read_and_check(self, segment: PayloadSegment) -> bytearray:
+        offset, nbytes = segment.digest_range
+        data = self._pread(segment.file, offset, nbytes)
+        if payload_digest(data) != segment.digest:
+            raise PayloadCorrupt(
+                self._payload_dir / segment.file,
+                f"{segment.field} bytes {offset}..{offset + nbytes}",
+            )
         return data
 
     def _pread(self, name: str, offset: int, length: int) -> bytearray:
@@ -179,11 +210,20 @@ class _PayloadFiles:
         path = self._payload_dir / name
         if self._dir_fd is None:
             try:
+                # O_NOFOLLOW: a version directory swapped for a link is refused, not
+                # followed to wherever it points.
                 self._dir_fd = os.open(
-                    self._payload_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+                    self._payload_dir,
+                    os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                 )
             except FileNotFoundError:
                 raise PayloadMissing(self._payload_dir, "no such directory") from None
+            except OSError as error:
+                if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise BadSegment(
+                        "symlink", "", f"{str(self._payload_dir)!r} is not a plain directory"
+                    ) from None
+                raise
         try:
             # O_NOFOLLOW, relative to the directory: the file opened is the one validated.
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir_fd)

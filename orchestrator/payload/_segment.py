@@ -118,6 +118,26 @@ class PayloadSegment:
         return obj
 
     @classmethod
+    def from_reply(cls, obj: object) -> PayloadSegment:
+        """Parse a segment as an inference server sends it: exactly the wire keys.
+
+        The stitched forms (``fill``, ``digest_offset``, ``digest_nbytes``) are built
+        inside the daemon only; a server that sends them is refused, so no reply can make
+        the daemon take a fill segment's empty file name for a file. Raises like
+        `from_json`.
+        """
+        if isinstance(obj, dict):
+            internal = sorted(key for key in _OPTIONAL_KEYS if key in obj)
+            if internal:
+                file = obj.get("file")
+                raise BadSegment(
+                    "malformed",
+                    file if isinstance(file, str) else "",
+                    f"key(s) {', '.join(internal)} are the daemon's own, never a server's",
+                )
+        return cls.from_json(obj)
+
+    @classmethod
     def from_json(cls, obj: object) -> PayloadSegment:
         """Parse the wire form, checking keys and types (not paths or sizes).
 

@@ -8,6 +8,18 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from payload_gc import (
+    BadFileName,
+    PayloadGCError,
+    PayloadRootFiles,
+    RootMissing,
+    VersionDir,
+    VersionDirMissing,
+    VersionDirRefused,
+    plain_name_problem,
+    version_name,
+)
+
 from ._digest import is_digest_hex
 from ._errors import BadSegment, PayloadMissing
 from ._segment import FIELD_NDIM, FIELDS, PayloadSegment
@@ -77,6 +89,8 @@ def check_segment(segment: PayloadSegment, *, file_size: int | None = None) -> N
             f"shape {list(segment.shape)} of {segment.field!r} must have {ndim} "
             "non-negative dimensions",
         )
+    if 0 in segment.shape[1:]:
+        raise BadSegment("shape", name, f"shape {list(segment.shape)} has a row of size zero")
     if math.prod(segment.shape[1:]) > MAX_ROW_ELEMENTS:
         raise BadSegment(
             "shape", name, f"rows of {math.prod(segment.shape[1:])} elements are implausible"
@@ -107,10 +121,12 @@ def check_segment(segment: PayloadSegment, *, file_size: int | None = None) -> N
             "out_of_range", name, "the digested byte range does not contain the segment"
         )
     if file_size is not None:
-        _check_within(segment, file_size)
+        check_within(segment, file_size)
 
 
-def _check_within(segment: PayloadSegment, file_size: int) -> None:
+def check_within(segment: PayloadSegment, file_size: int) -> None:
+    """Raise `BadSegment` (``out_of_range``) unless the segment's (digested) bytes end
+    within a file of `file_size` bytes."""
     digest_offset, digest_nbytes = segment.digest_range
     end = digest_offset + digest_nbytes
     if end > file_size:
@@ -126,70 +142,97 @@ def validate_segments(
 ) -> None:
     """Validate a rollout's segments, which must live in ``<root>/v<version>``.
 
-    With `check_files`, ``lstat`` the version directory and each file once: the directory
-    and the files must not be symbolic links (even ones pointing inside the directory), the
-    files must be regular files, and every segment must end within its file. This blocks:
-    callers on an event loop run it in a worker thread.
+    With `check_files`, look at the version directory and each file once, the way
+    payload_gc does (fd-relative, never following a link, never into a mount point): the
+    directory and the files must not be symbolic links (even ones pointing inside the
+    directory), the files must be regular files, and every segment must end within its
+    file. This blocks: callers on an event loop run it in a worker thread.
 
-    Raises `BadSegment` (see `validate_segment`, plus ``symlink`` and ``not_regular_file``)
-    or `PayloadMissing` for a missing file or directory.
+    Raises `BadSegment` (see `validate_segment`, plus ``symlink``, ``mount_point`` and
+    ``not_regular_file``) or `PayloadMissing` for a missing file or directory.
     """
     segments = list(segments)
     for segment in segments:
         check_segment(segment)
     if check_files:
-        check_segment_files(segments, version_dir(root, version))
+        try:
+            opened = PayloadRootFiles(root)
+        except RootMissing:
+            raise PayloadMissing(root, "no such payload root") from None
+        with opened:
+            check_segment_files(segments, files=opened, version=version)
 
 
-def check_segment_files(segments: Iterable[PayloadSegment], payload_dir: str | Path) -> None:
+def check_segment_files(
+    segments: Iterable[PayloadSegment], *, files: PayloadRootFiles, version: int
+) -> dict[str, int]:
     """The on-disk half of `validate_segments`, for segments that passed `check_segment`
-    (their names are plain): ``lstat`` `payload_dir` and each file once; neither may be a
-    symbolic link, the files must be regular files, and every segment must end within its
-    file. Blocking.
+    (their names are plain): `v<version>` of the open root and each file are looked at
+    once; neither may be a symbolic link (nor the directory a mount point), the files must
+    be regular files, and every segment must end within its file. Returns each file's
+    size by name. Blocking.
 
-    Raises `BadSegment` (``symlink``, ``not_regular_file``, ``out_of_range``) or
-    `PayloadMissing`.
+    Raises `BadSegment` (``symlink``, ``mount_point``, ``not_regular_file``,
+    ``out_of_range``) or `PayloadMissing`.
     """
-    directory = os.fspath(payload_dir)
-    _check_regular(directory, "", want_dir=True)
+    directory = open_version_dir(files, version)
     sizes: dict[str, int] = {}
     for segment in segments:
         if segment.is_fill:
             continue
         size = sizes.get(segment.file)
         if size is None:
-            path = os.path.join(directory, segment.file)
-            size = sizes[segment.file] = _check_regular(path, segment.file, want_dir=False)
-        _check_within(segment, size)
+            size = sizes[segment.file] = regular_file_size(directory, segment.file)
+        check_within(segment, size)
+    return sizes
 
 
-def _check_regular(path: str, name: str, *, want_dir: bool) -> int:
-    """lstat `path`; return its size if it is a regular file (or a directory if `want_dir`)."""
+def open_version_dir(files: PayloadRootFiles, version: int) -> VersionDir:
+    """`v<version>` of the open root, with payload_gc's refusals as payload errors.
+
+    Raises `PayloadMissing` or `BadSegment` (``symlink``, ``mount_point``,
+    ``not_regular_file``)."""
     try:
-        st = os.lstat(path)
+        return files.version(version)
+    except VersionDirMissing:
+        raise PayloadMissing(Path(files.root, version_name(version)), "no such directory") from None
+    except VersionDirRefused as exc:
+        reason = {"symlink": "symlink", "mount_point": "mount_point"}.get(
+            exc.kind, "not_regular_file"
+        )
+        raise BadSegment(reason, "", str(exc)) from None
+    except PayloadGCError as exc:
+        raise PayloadMissing(Path(files.root, version_name(version)), str(exc)) from None
+
+
+def regular_file_size(directory: VersionDir, name: str) -> int:
+    """The size of regular file `name` in `directory`, looked at without following a link.
+
+    Raises `PayloadMissing`, or `BadSegment` (``symlink``, ``not_regular_file``,
+    ``not_plain_name``)."""
+    path = f"{directory.label}/{name}"
+    try:
+        st = directory.lstat(name)
     except FileNotFoundError:
         raise PayloadMissing(Path(path)) from None
+    except BadFileName as exc:
+        raise BadSegment("not_plain_name", name, str(exc)) from None
+    except OSError as exc:
+        raise PayloadMissing(Path(path), exc.strerror or str(exc)) from None
     if stat.S_ISLNK(st.st_mode):
         raise BadSegment("symlink", name, f"{path!r} is a symbolic link")
-    is_kind = stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode)
-    if not is_kind:
-        kind = "directory" if want_dir else "regular file"
-        raise BadSegment("not_regular_file", name, f"{path!r} is not a {kind}")
+    if not stat.S_ISREG(st.st_mode):
+        raise BadSegment("not_regular_file", name, f"{path!r} is not a regular file")
     return st.st_size
 
 
 def _check_plain_name(name: str) -> None:
-    if not name:
-        raise BadSegment("not_plain_name", name, "empty file name")
-    if "\0" in name:
-        raise BadSegment("not_plain_name", name, "NUL in file name")
-    if name in {".", ".."}:
-        raise BadSegment("traversal", name, "file name is a directory reference")
-    if "/" in name or "\\" in name:
-        parts = name.replace("\\", "/").split("/")
-        if ".." in parts:
-            raise BadSegment("traversal", name, "file name climbs out of the payload dir")
-        raise BadSegment("not_plain_name", name, "file name has a path separator")
+    # One rule for what a plain name is, payload_gc's; only the reason is ours.
+    problem = plain_name_problem(name)
+    if problem is None:
+        return
+    climbs = name in {".", ".."} or ".." in name.replace("\\", "/").split("/")
+    raise BadSegment("traversal" if climbs else "not_plain_name", name, problem)
 
 
 def _normalize(path: Path) -> Path:

@@ -2,12 +2,20 @@
 
 It stands in for a real trainer on one machine. For each step `s`, starting after the
 latest published version (so a killed trainer resumes where it stopped), it waits for
-batch `s`, reads it with `read_batch(verify=True)` (every payload byte, digests checked),
-"trains" for `train_time_s`, and publishes `v{s}`. A batch it cannot read (a missing or
-corrupt payload file, a malformed batch) is a **violation** of the orchestrator's
-guarantees: it is counted and logged, never a crash, and training goes on. Its
-`TrainerStats` are written as JSON to `report_path` after every step, so a test or the
-demo can check them from another process.
+batch `s`, reads it with `read_batch(verify=True, on_corrupt="drop")` (every payload
+byte, digests checked), "trains" for `train_time_s` on the samples it could read, and
+publishes `v{s}`.
+
+A sample whose payload files are broken is **dropped**: left out of the step, counted and
+logged with its rollout and server. A digest mismatch (or a payload file replaced by a
+link or a non-regular file) is the inference server's fault, which the orchestrator
+cannot see because it never reads payload bytes: a drop, not a violation. A missing or
+short payload file breaks the hand-off the orchestrator guarantees (it checked each file
+when the group finished and keeps it until `v{s}` is published), so it is dropped *and*
+counted as a **violation**, as is a batch that cannot be read at all (a malformed
+`batch.json`). Violations are counted and logged, never a crash, and training goes on.
+Its `TrainerStats` are written as JSON to `report_path` after every step, so a test or
+the demo can check them from another process.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import structlog
 import trio
 
 from orchestrator._durable_files import replace_file_atomically
-from orchestrator.batches import BATCH_FILE, BatchError, read_batch, wait_for_batch
+from orchestrator.batches import BATCH_FILE, BatchError, DroppedSample, read_batch, wait_for_batch
 from orchestrator.payload import BadSegment, PayloadCorrupt, PayloadError, PayloadMissing
 from orchestrator.weights import latest_published_version, publish_weights
 
@@ -77,10 +85,31 @@ class Violation:
     message: str
 
 
+@attrs.frozen
+class Dropped:
+    """A sample the trainer left out of step `step` because its payload files are broken.
+
+    `reason` is `payload_corrupt`, `payload_missing` or `bad_payload_file` (see
+    `orchestrator.batches.DroppedSample`); `server` the inference server that generated
+    it (None when the batch does not say); `file` the payload file concerned.
+    """
+
+    step: int
+    group_id: str
+    rollout_id: str
+    server: str | None
+    reason: str
+    file: str
+    message: str
+
+
 @attrs.define
 class TrainerStats:
-    """What the trainer did: steps trained, samples and payload bytes read, violations.
+    """What the trainer did: steps trained, samples and payload bytes read, samples
+    dropped, violations.
 
+    `samples` counts the samples trained on; `dropped` lists those left out for broken
+    payload files (a `payload_missing` one is also a violation, the others are not).
     `payload_bytes` counts the payload arrays the trainer got, read from files (by
     handle) or decoded (inline). The counts cover steps `first_step .. last_step`:
     `last_step` is the last version published (`first_step - 1` before the first). A
@@ -94,6 +123,7 @@ class TrainerStats:
     samples: int = 0
     payload_bytes: int = 0
     violations: list[Violation] = attrs.Factory(list)
+    dropped: list[Dropped] = attrs.Factory(list)
 
     def to_json(self) -> dict[str, Any]:
         """The report's JSON object."""
@@ -106,8 +136,15 @@ class TrainerStats:
             raise ValueError("not a trainer report")
         try:
             violations = [Violation(**v) for v in obj["violations"]]
+            # A report written before samples were dropped has no `dropped`.
+            dropped = [Dropped(**d) for d in obj.get("dropped", [])]
             fields = {k: obj[k] for k in ("first_step", "last_step", "steps", "samples")}
-            stats = cls(**fields, payload_bytes=obj["payload_bytes"], violations=violations)
+            stats = cls(
+                **fields,
+                payload_bytes=obj["payload_bytes"],
+                violations=violations,
+                dropped=dropped,
+            )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed trainer report: {exc}") from None
         counts = (stats.first_step, stats.last_step, stats.steps, stats.samples)
@@ -120,7 +157,8 @@ class TrainerStats:
 class _StepRead:
     samples: int
     payload_bytes: int
-    violation: Violation | None
+    violations: tuple[Violation, ...] = ()
+    dropped: tuple[Dropped, ...] = ()
 
 
 async def serve_trainer(
@@ -134,7 +172,7 @@ async def serve_trainer(
     (never when `max_steps == 0`). Reports readiness with the live `TrainerStats`, which
     the caller may read at any time (also after cancelling the trainer). When
     `report_path` is set and the trainer resumes, the counts of the previous report are
-    carried on. Violations are counted, never raised.
+    carried on. Dropped samples and violations are counted, never raised.
 
     Raises OSError when the batches or weights directory cannot be created, listed or
     written to.
@@ -164,13 +202,14 @@ async def serve_trainer(
         stats.steps += 1
         stats.samples += read.samples
         stats.payload_bytes += read.payload_bytes
-        if read.violation is not None:
-            stats.violations.append(read.violation)
+        stats.violations.extend(read.violations)
+        stats.dropped.extend(read.dropped)
         await _write_report(config, stats, limiter)
         log.info(
             "trained",
             step=step,
             samples=read.samples,
+            dropped=len(read.dropped),
             payload_bytes=read.payload_bytes,
             violations=len(stats.violations),
         )
@@ -207,9 +246,10 @@ def _initial_stats(config: SimTrainerConfig, latest: int) -> TrainerStats:
 
 
 def _read_step(batch_dir: Path, step: int, verify: bool) -> _StepRead:
-    """Read a batch in full; a failure becomes a violation. Blocking."""
+    """Read a batch in full, dropping samples with broken payload files; a batch that
+    cannot be read, or a missing payload file, becomes a violation. Blocking."""
     try:
-        batch = read_batch(batch_dir, verify=verify)
+        batch = read_batch(batch_dir, verify=verify, on_corrupt="drop")
     except BatchError as exc:
         return _violation(step, "bad_batch", batch_dir / BATCH_FILE, exc)
     except PayloadMissing as exc:
@@ -220,12 +260,44 @@ def _read_step(batch_dir: Path, step: int, verify: bool) -> _StepRead:
         return _violation(step, "bad_payload", batch_dir / BATCH_FILE, exc)
     except OSError as exc:
         return _violation(step, "io_error", Path(exc.filename or batch_dir), exc)
-    return _StepRead(len(batch.samples), batch.payload_nbytes, None)
+    dropped = tuple(_drop(step, sample) for sample in batch.dropped)
+    violations = tuple(
+        Violation(step=step, kind=d.reason, file=d.file, message=d.message)
+        for d in dropped
+        if d.reason == "payload_missing"
+    )
+    return _StepRead(len(batch.samples), batch.payload_nbytes, violations, dropped)
+
+
+def _drop(step: int, sample: DroppedSample) -> Dropped:
+    fields = {
+        "step": step,
+        "rollout": sample.rollout_id,
+        "group": sample.group_id,
+        "server": sample.server,
+        "reason": sample.reason,
+        "file": sample.file,
+    }
+    if sample.reason == "payload_missing":
+        # Not the server's doing, as far as anyone can tell: the orchestrator checked the
+        # file when the group finished and must keep it until this step is published.
+        log.error("sample violates the hand-off; dropped", **fields, error=sample.error)
+    else:
+        log.warning("sample dropped: broken payload", **fields, error=sample.error)
+    return Dropped(
+        step=step,
+        group_id=sample.group_id,
+        rollout_id=sample.rollout_id,
+        server=sample.server,
+        reason=sample.reason,
+        file=sample.file,
+        message=str(sample),
+    )
 
 
 def _violation(step: int, kind: str, file: Path, exc: Exception) -> _StepRead:
     log.error("batch violates the hand-off", step=step, kind=kind, file=str(file), error=str(exc))
-    return _StepRead(0, 0, Violation(step=step, kind=kind, file=str(file), message=str(exc)))
+    return _StepRead(0, 0, (Violation(step=step, kind=kind, file=str(file), message=str(exc)),))
 
 
 async def _write_report(

@@ -174,9 +174,13 @@ async def test_faulty_fleet_completes_counts_failures_and_never_trains_on_bad_pa
     assert 0 < len(poisoned_ids) <= state.rollouts["poisoned"]
     assert outcome.sink.counters["untrainable"] > 0
     # A traversal name was among the bad segments, and was refused, not followed.
-    reasons = [str(e.get("reason", "")) for e in events(logs, "poisoned payload")]
+    # (Its texts are what the rejections remember; the log has one line per interval.)
+    reasons = [text for text, _ in state.rejections.most_common("poisoned_payload", 100)]
     assert any(TRAVERSAL_FILE_NAME in reason for reason in reasons), reasons[:5]
     assert any("payload_error" in reason for reason in reasons), reasons[:5]
+    lines = [e for e in events(logs, "rollout failure") if e["kind"] == "poisoned_payload"]
+    assert lines and all(e["log_level"] == "warning" for e in lines)
+    assert len(lines) < state.failures["poisoned_payload"]
 
     # No poisoned rollout was trained on: every shipped batch read back in full with its
     # digests verified, and no sample came from a poisoned rollout.

@@ -98,6 +98,10 @@ async def test_demo_config_runs_steps_and_keeps_every_invariant(tmp_path: Path) 
     batch = json.loads((config.batches_dir / "step_000005" / "batch.json").read_text())
     assert len(batch["samples"]) == 16
     assert all(s["payload"]["routed_experts"] for s in batch["samples"])
+    # Each sample names the server its group ran on (one server per group).
+    servers = {s["group_id"]: s["server"] for s in batch["samples"]}
+    assert all(s["server"] == servers[s["group_id"]] for s in batch["samples"])
+    assert all(url.startswith("http://127.0.0.1:") for url in servers.values())
     # Discarded rollouts' files were deleted at once, not only by the collector.
     assert state.files_deleted["discard"] > 0
     assert state.files_deleted["collection"] > 0

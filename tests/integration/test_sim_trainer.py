@@ -1,4 +1,5 @@
-"""The local trainer with real files: reads batches, publishes versions, counts violations."""
+"""The local trainer with real files: reads batches, publishes versions, counts violations
+and dropped samples."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from orchestrator.payload import (
     stitch_routing,
     write_payload_file,
 )
-from orchestrator.sim.trainer import SimTrainerConfig, TrainerStats, serve_trainer
+from orchestrator.sim.trainer import Dropped, SimTrainerConfig, TrainerStats, serve_trainer
 from orchestrator.weights import latest_published_version, published_versions
 
 PROMPT, COMPLETION, LAYERS, TOP_K = 12, 8, 6, 4
@@ -191,12 +192,19 @@ async def test_a_deleted_payload_file_is_a_violation_and_training_goes_on(run: R
     assert violation.kind == "payload_missing"
     assert violation.file == str(victim)
     assert str(victim) in violation.message
-    # The two intact batches were read in full.
-    assert stats.samples == 4
+    # Only the sample whose file is gone was left out: a missing file is still a
+    # violation (the hand-off broke), but the rest of its batch was trained on.
+    [dropped] = stats.dropped
+    assert (dropped.step, dropped.reason, dropped.file) == (
+        violation.step,
+        "payload_missing",
+        str(victim),
+    )
+    assert stats.samples == 5
     assert run.report()["violations"] == [attrs.asdict(violation)]
 
 
-async def test_a_malformed_or_corrupt_batch_is_a_violation(run: Run) -> None:
+async def test_a_malformed_batch_is_a_violation_a_corrupt_sample_is_not(run: Run) -> None:
     run.ship(1, range(1))
     bad = run.batches_dir / "step_000002"
     bad.mkdir()
@@ -211,11 +219,67 @@ async def test_a_malformed_or_corrupt_batch_is_a_violation(run: Run) -> None:
         async with trio.open_nursery() as nursery:
             stats = await nursery.start(serve_trainer, run.config(3))
     kinds = [(v.step, v.kind, v.file) for v in stats.violations]
-    assert kinds == [
-        (2, "bad_batch", str(bad / "batch.json")),
-        (3, "payload_corrupt", str(victim)),
+    assert kinds == [(2, "bad_batch", str(bad / "batch.json"))]
+    assert [(d.step, d.reason, d.file) for d in stats.dropped] == [
+        (3, "payload_corrupt", str(victim))
     ]
     assert published_versions(run.weights_dir) == [1, 2, 3]
+
+
+async def test_a_corrupt_sample_is_dropped_named_and_no_violation(
+    run: Run, capfd: pytest.CaptureFixture[str]
+) -> None:
+    server = "http://127.0.0.1:8101"
+    samples = [
+        attrs.evolve(by_handle_sample(run.payload_root, seed), server=f"http://127.0.0.1:810{seed}")
+        for seed in range(3)
+    ]
+    batch_dir = publish_batch(run.batches_dir, 1, samples, fsync=False)
+    # The server of sample 1 wrote a wrong digest: its bytes no longer match it.
+    segment = json.loads((batch_dir / "batch.json").read_text())["samples"][1]["payload"]
+    victim = run.payload_root / "v0" / segment["sampling_mask"][0]["file"]
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1
+    victim.write_bytes(bytes(data))
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            stats = await nursery.start(serve_trainer, run.config(1))
+    assert published_versions(run.weights_dir) == [1]
+    assert stats.violations == []
+    assert (stats.steps, stats.samples) == (1, 2)
+    assert stats.payload_bytes == 2 * SAMPLE_PAYLOAD_BYTES
+    [dropped] = stats.dropped
+    assert dropped == Dropped(
+        step=1,
+        group_id="g1",
+        rollout_id="r1",
+        server=server,
+        reason="payload_corrupt",
+        file=str(victim),
+        message=dropped.message,
+    )
+    assert "rollout r1" in dropped.message and server in dropped.message
+    assert TrainerStats.from_json(run.report()) == stats
+    assert run.report()["dropped"] == [attrs.asdict(dropped)]
+    # One log line for the drop, naming the rollout and the server.
+    [line] = [line for line in capfd.readouterr().out.splitlines() if "sample dropped" in line]
+    assert "rollout=r1" in line and f"server={server}" in line and str(victim) in line
+
+
+def test_a_report_without_dropped_samples_still_reads() -> None:
+    # Written before samples could be dropped: resuming from it must not count afresh.
+    old = {
+        "format": "rollout-orchestrator.trainer-report/1",
+        "first_step": 1,
+        "last_step": 2,
+        "steps": 2,
+        "samples": 4,
+        "payload_bytes": 10,
+        "violations": [],
+    }
+    assert TrainerStats.from_json(old) == TrainerStats(
+        first_step=1, last_step=2, steps=2, samples=4, payload_bytes=10
+    )
 
 
 async def test_a_restarted_trainer_resumes_after_the_latest_version(run: Run) -> None:

@@ -228,3 +228,22 @@ def test_numpy_values_are_normalised_so_the_batch_serialises() -> None:
     assert decode_batch(data, source="b.json").samples == (make_sample(),)
     with pytest.raises(TypeError, match="cannot be interpreted as an integer"):
         make_sample(token_ids=(5.0, 6, 7, 8))
+
+
+def test_the_server_key_is_optional_a_string_and_round_trips() -> None:
+    server = "http://10.0.0.7:8000"
+    samples = [make_sample(server=server), attrs.evolve(by_handle_sample(), server=server)]
+    for sample in samples:
+        obj = sample.to_json()
+        assert obj["server"] == server
+        assert TrainSample.from_json(json.loads(json.dumps(obj))) == sample
+    document = decode_batch(encode_batch(3, samples, created_at=1.0), source="b.json")
+    assert [sample.server for sample in document.samples] == [server, server]
+    # Absent when unknown, and a batch without it still reads (server None).
+    assert "server" not in make_sample().to_json()
+    assert TrainSample.from_json(make_sample().to_json()).server is None
+    for bad, kind in ((None, "null"), (7, "a number"), (["x"], "a list")):
+        with pytest.raises(
+            BatchError, match=rf"^b\.json: samples\[0\]: server: expected a string, got {kind}$"
+        ):
+            decode_batch(_with_sample(server=bad), source="b.json")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +238,34 @@ def test_a_row_window_reads_exactly_those_rows(
         read_batch(batch_dir, rows=range(0, 10, 2))
 
 
+class _FsPath:
+    """A bare `os.PathLike[str]` that is not a `pathlib.Path`."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def __fspath__(self) -> str:
+        return self._path
+
+
+def test_read_batch_accepts_a_str_or_any_path_like(
+    tmp_path: Path, payload_dir: Path, branch: Branch
+) -> None:
+    from orchestrator import read_batch as public_read_batch
+
+    samples = [by_handle(branch, payload_dir, 24), inline(branch, 24)]
+    batch_dir = publish_batch(tmp_path / "batches", 2, samples, fsync=False)
+    expected = public_read_batch(batch_dir)
+    for given in (str(batch_dir), _FsPath(str(batch_dir))):
+        batch = public_read_batch(given)
+        assert batch.step == 2
+        for got, want in zip(batch.samples, expected.samples, strict=True):
+            _assert_same_arrays(got, want)
+    # A missing batch named by a str is still a BatchError naming the file.
+    with pytest.raises(BatchError, match=r"step_000009/batch\.json: cannot read"):
+        public_read_batch(str(tmp_path / "batches" / "step_000009"))
+
+
 def test_a_deleted_payload_file_raises_payload_missing_naming_it(
     tmp_path: Path, payload_dir: Path, branch: Branch
 ) -> None:
@@ -322,3 +351,147 @@ def test_malformed_batches_raise_batch_error_in_one_line(
 def test_a_missing_batch_json_is_a_batch_error(tmp_path: Path) -> None:
     with pytest.raises(BatchError, match=r"step_000001/batch\.json: cannot read: No such file"):
         read_batch(tmp_path / "step_000001")
+
+
+# -- on_corrupt="drop": a broken sample is left out, named, and the rest is read ---------
+
+SERVERS = ("http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000")
+
+
+def _three_servers_batch(tmp_path: Path, payload_dir: Path) -> tuple[Path, list[Branch]]:
+    """Batch 1: three by-handle samples (own files, one per server), then an inline one."""
+    branches = [make_branch(payload_dir, seed=seed) for seed in (1, 2, 3)]
+    samples = [
+        attrs.evolve(by_handle(b, payload_dir, 24), rollout_id=f"r{i}", server=SERVERS[i])
+        for i, b in enumerate(branches)
+    ]
+    samples.append(attrs.evolve(inline(branches[0], 24), rollout_id="r-inline"))
+    return publish_batch(tmp_path / "batches", 1, samples, fsync=False), branches
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_drop_leaves_out_a_sample_whose_bytes_were_corrupted_and_names_it(
+    tmp_path: Path, payload_dir: Path
+) -> None:
+    batch_dir, branches = _three_servers_batch(tmp_path, payload_dir)
+    clean = read_batch(batch_dir)
+    assert clean.dropped == ()
+    segment = branches[1].segments[0]["sampling_mask"]
+    victim = payload_dir / segment.file
+    _flip_byte(victim, segment.offset + 5)
+
+    batch = read_batch(batch_dir, verify=True, on_corrupt="drop")
+
+    assert [s.rollout_id for s in batch.samples] == ["r0", "r2", "r-inline"]
+    assert [s.server for s in batch.samples] == [SERVERS[0], SERVERS[2], None]
+    for got, want in zip(batch.samples, [clean.samples[i] for i in (0, 2, 3)], strict=True):
+        _assert_same_arrays(got, want)
+    [dropped] = batch.dropped
+    assert (dropped.index, dropped.group_id, dropped.rollout_id, dropped.server) == (
+        1,
+        "g7",
+        "r1",
+        SERVERS[1],
+    )
+    assert (dropped.reason, dropped.file) == ("payload_corrupt", str(victim))
+    assert "digest mismatch" in dropped.error
+    text = str(dropped)
+    assert "samples[1]" in text and "rollout r1" in text and SERVERS[1] in text
+    assert str(victim) in text and "\n" not in text
+    assert batch.payload_nbytes == 3 * clean.samples[0].payload_nbytes
+
+    # The default still refuses the whole batch; so does an explicit "raise".
+    with pytest.raises(PayloadCorrupt, match="digest mismatch"):
+        read_batch(batch_dir)
+    with pytest.raises(PayloadCorrupt, match="digest mismatch"):
+        read_batch(batch_dir, on_corrupt="raise")
+    # Without verification nothing can tell: nothing is dropped.
+    assert read_batch(batch_dir, verify=False, on_corrupt="drop").dropped == ()
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_drop_leaves_out_a_sample_whose_file_is_missing(
+    tmp_path: Path, payload_dir: Path, verify: bool
+) -> None:
+    batch_dir, branches = _three_servers_batch(tmp_path, payload_dir)
+    victim = payload_dir / branches[2].segments[1]["routed_experts"].file
+    victim.unlink()
+    batch = read_batch(batch_dir, verify=verify, on_corrupt="drop")
+    assert [s.rollout_id for s in batch.samples] == ["r0", "r1", "r-inline"]
+    [dropped] = batch.dropped
+    assert (dropped.index, dropped.rollout_id, dropped.server) == (2, "r2", SERVERS[2])
+    assert (dropped.reason, dropped.file) == ("payload_missing", str(victim))
+    with pytest.raises(PayloadMissing):
+        read_batch(batch_dir, verify=verify, on_corrupt="raise")
+
+
+def test_drop_leaves_out_a_sample_whose_file_was_replaced_by_a_link(
+    tmp_path: Path, payload_dir: Path
+) -> None:
+    batch_dir, branches = _three_servers_batch(tmp_path, payload_dir)
+    victim = payload_dir / branches[0].segments[0]["routed_experts"].file
+    real = victim.with_name("elsewhere.bin")
+    victim.rename(real)
+    victim.symlink_to(real.name)
+    batch = read_batch(batch_dir, on_corrupt="drop")
+    assert [s.rollout_id for s in batch.samples] == ["r1", "r2", "r-inline"]
+    [dropped] = batch.dropped
+    assert (dropped.rollout_id, dropped.reason, dropped.file) == (
+        "r0",
+        "bad_payload_file",
+        str(victim),
+    )
+    with pytest.raises(BatchError, match=r"samples\[0\]: .*symlink"):
+        read_batch(batch_dir)
+
+
+@pytest.mark.parametrize("window", [range(0, 8), range(8, 16), range(16, 24), range(30, 40)])
+def test_every_row_window_drops_the_same_samples_as_a_full_read(
+    tmp_path: Path, payload_dir: Path, window: range
+) -> None:
+    batch_dir, branches = _three_servers_batch(tmp_path, payload_dir)
+    # Sample r1: corrupt turn 2's routing, read by positions 14..23 only (window 0..8
+    # reads none of its rows). Sample r2: lose turn 1's file (positions 0..14).
+    turn2 = branches[1].segments[1]["routed_experts"]
+    _flip_byte(payload_dir / turn2.file, turn2.offset + 5)
+    (payload_dir / branches[2].segments[0]["routed_experts"].file).unlink()
+    full = read_batch(batch_dir, on_corrupt="drop")
+    assert [(d.rollout_id, d.reason) for d in full.dropped] == [
+        ("r1", "payload_corrupt"),
+        ("r2", "payload_missing"),
+    ]
+
+    part = read_batch(batch_dir, rows=window, on_corrupt="drop")
+
+    assert part.dropped == full.dropped
+    assert [s.rollout_id for s in part.samples] == ["r0", "r-inline"]
+    for whole, rows in zip(full.samples, part.samples, strict=True):
+        assert rows.rows == range(min(window.start, 24), min(window.stop, 24))
+        assert rows.routed_experts is not None and whole.routed_experts is not None
+        np.testing.assert_array_equal(
+            rows.routed_experts, whole.routed_experts[rows.rows.start : rows.rows.stop]
+        )
+    # Raising alike, too: no rank reads a sample another rank refuses.
+    with pytest.raises(PayloadCorrupt):
+        read_batch(batch_dir, rows=window)
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_drop_never_hides_a_malformed_batch(
+    tmp_path: Path, payload_dir: Path, branch: Branch, case: int
+) -> None:
+    document, message = _bad_cases(branch, payload_dir)[case]
+    batch_dir = _write_raw(tmp_path / "batches", document)
+    with pytest.raises(BatchError, match=re.escape(message)):
+        read_batch(batch_dir, on_corrupt="drop")
+
+
+def test_an_unknown_on_corrupt_is_refused(tmp_path: Path, payload_dir: Path) -> None:
+    batch_dir, _ = _three_servers_batch(tmp_path, payload_dir)
+    with pytest.raises(ValueError, match="on_corrupt must be 'raise' or 'drop', got 'skip'"):
+        read_batch(batch_dir, on_corrupt="skip")  # type: ignore[arg-type]

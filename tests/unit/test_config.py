@@ -8,6 +8,7 @@ import attrs
 import pytest
 
 from orchestrator.config import (
+    BatchConfig,
     Config,
     ConfigError,
     InferenceConfig,
@@ -155,6 +156,7 @@ BAD_INPUTS: list[tuple[str, str, list[str], str]] = [
     ("negative limit", MINIMAL + "[staleness]\nmax_off_policy_steps = -1\n", [], "max_off_p"),
     ("negative retries", MINIMAL, ["inference.retries=-1"], "inference.retries"),
     ("zero batch", MINIMAL, ["batch.size=0"], "batch.size"),
+    ("group of one", MINIMAL, ["batch.group_size=1"], "batch.group_size = 1 must be >= 2"),
     ("zero timeout", MINIMAL, ["inference.request_timeout_s=0"], "request_timeout_s"),
     ("rate above one", MINIMAL, ["sim.hang_rate=1.5"], "sim.hang_rate"),
     (
@@ -282,6 +284,24 @@ def test_the_messages_read_well(tmp_path: Path) -> None:
         f"{path}: staleness.max_async_steps = 3 must be <= staleness.max_off_policy_steps (2):"
         " it would generate rollouts it must throw away"
     )
+
+
+def test_a_group_of_one_is_refused_with_the_reason(tmp_path: Path) -> None:
+    # GRPO: one rollout per group has advantage 0 everywhere, so the run never ships.
+    path = write(tmp_path, MINIMAL + "[batch]\ngroup_size = 1\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == (
+        f"{path}: batch.group_size = 1 must be >= 2: a group of one rollout has no "
+        "learning signal (its advantages are all zero)"
+    )
+    with pytest.raises(ConfigError, match=r"group_size = 0 must be >= 2: a group of one"):
+        Config(
+            run_dir=tmp_path / "run",
+            inference=InferenceConfig(urls=("http://a:1",)),
+            batch=BatchConfig(group_size=0),
+        )
+    assert load_config(path, ["batch.group_size=2"]).batch.group_size == 2
 
 
 def test_an_unknown_key_is_reported_before_other_problems(tmp_path: Path) -> None:

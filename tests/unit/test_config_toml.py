@@ -44,7 +44,7 @@ def test_every_value_changed_round_trips(tmp_path: Path) -> None:
         max_steps=7,
         seed=-3,
         staleness=StalenessConfig(max_off_policy_steps=5, max_async_steps=5),
-        batch=BatchConfig(size=3, group_size=1, constant_size=False, max_seq_len=2),
+        batch=BatchConfig(size=3, group_size=2, constant_size=False, max_seq_len=2),
         payload=PayloadConfig(
             mode="inline",
             root=tmp_path / "payloads-ü",

@@ -4,6 +4,7 @@ version is being collected (the rollout is stale then, not poisoned)."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import trio
@@ -33,18 +34,19 @@ def run_with_missing_file(root: Path, version: int) -> RolloutRun:
     return RolloutRun("g1-r0", version, payload_dir, [1, 2, 3, 4, 7], turns=[(4, turn)])
 
 
-def dispatcher(state: RunState) -> Dispatcher:
-    # Only the state and the file limiter take part in the check.
+def dispatcher(state: RunState, root: Path) -> Dispatcher:
+    # Only the payload root, the state and the file limiter take part in the check.
     unused: Any = None
+    settings: Any = SimpleNamespace(payload_root=root)
     return Dispatcher(
-        unused, state, unused, unused, unused, unused, trio.CapacityLimiter(1), unused
+        settings, state, unused, unused, unused, unused, trio.CapacityLimiter(1), unused
     )
 
 
 async def test_a_missing_file_in_a_live_version_poisons_the_rollout(tmp_path: Path) -> None:
     state = RunState(max_off_policy_steps=MAX_OFF_POLICY, max_async_steps=1, max_steps=0)
     run = run_with_missing_file(tmp_path, version=0)
-    await dispatcher(state)._check_files([run])
+    await dispatcher(state, tmp_path)._check_files([run])
     assert state.failures["poisoned_payload"] == 1
     poisoned = run.turns[0][1].poisoned
     assert poisoned is not None and "gone.bin" in poisoned
@@ -58,6 +60,6 @@ async def test_a_version_under_collection_is_stale_not_poisoned(tmp_path: Path) 
     )
     assert state.collection_bound == min_fresh_version(7, MAX_OFF_POLICY) > 3
     run = run_with_missing_file(tmp_path, version=3)
-    await dispatcher(state)._check_files([run])
+    await dispatcher(state, tmp_path)._check_files([run])
     assert state.failures["poisoned_payload"] == 0
     assert run.turns[0][1].poisoned is None

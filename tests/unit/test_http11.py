@@ -26,6 +26,7 @@ import trio.testing
 from orchestrator.http11 import (
     RECEIVE_BYTES,
     USER_AGENT,
+    ByteBudget,
     HTTP11Client,
     HTTPFailure,
     Origin,
@@ -468,41 +469,265 @@ async def test_a_misbehaving_server_is_a_one_line_transport_failure(behaviour: s
         assert idle_count(client, server.url) == 0
 
 
+def chunked(*chunks: bytes) -> list[bytes]:
+    """A chunked 200 answer, the head and each chunk in its own piece, then the end."""
+    return [
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+        *(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks),
+        b"0\r\n\r\n",
+    ]
+
+
 @pytest.mark.parametrize(
     ("pieces", "fits"),
     [
+        ([answer(200, b"x" * 99)], True),
         ([answer(200, b"x" * 100)], True),
         ([answer(200, b"x" * 101)], False),
-        (
-            [
-                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
-                b"32\r\n" + b"y" * 50 + b"\r\n",
-                b"32\r\n" + b"y" * 50 + b"\r\n",
-                b"1\r\ny\r\n0\r\n\r\n",
-            ],
-            False,
-        ),
+        (chunked(b"y" * 50, b"y" * 49), True),
+        (chunked(b"y" * 50, b"y" * 50), True),
+        (chunked(b"y" * 50, b"y" * 50, b"y"), False),
     ],
-    ids=["at the limit", "one byte over", "chunked over"],
+    ids=[
+        "just under the limit",
+        "at the limit",
+        "one byte over",
+        "chunked just under",
+        "chunked at the limit",
+        "chunked one byte over",
+    ],
 )
-async def test_an_answer_longer_than_the_limit_is_a_transport_failure(
+async def test_an_answer_longer_than_the_limit_is_an_oversized_failure(
     pieces: list[bytes], fits: bool
 ) -> None:
+    # The limit is also the whole budget: a reply alone can always be read.
     async with (
         serving(answering(lambda r: pieces)) as server,
-        HTTP11Client(max_response_bytes=100) as client,
+        HTTP11Client(max_response_bytes=100, max_buffered_bytes=100) as client,
     ):
         if fits:
-            assert len((await client.request("GET", server.url)).body) == 100
-            assert idle_count(client, server.url) == 1
+            for _ in range(2):
+                assert len((await client.request("GET", server.url)).body) in (99, 100)
+            assert server.accepts == 1  # reused
+            assert client.budget.reserved == 0
             return
         with pytest.raises(HTTPFailure) as failure:
             await client.request("GET", server.url)
-        assert failure.value.kind == "transport"
+        assert failure.value.kind == "oversized"
         assert "longer than 100 bytes" in str(failure.value)
         # The connection that carried the refused answer is closed, never reused.
         await server.wait_until(lambda: server.hangups == 1)
         assert idle_count(client, server.url) == 0
+        assert client.budget.reserved == 0
+
+
+@pytest.mark.parametrize("announced", [101, 1 << 40], ids=["one byte over", "a terabyte"])
+async def test_a_content_length_over_the_limit_fails_before_the_body_is_read(
+    announced: int,
+) -> None:
+    # The server announces the body and then sends nothing: a client that waited for the
+    # body would wait forever.
+    head = f"HTTP/1.1 200 OK\r\ncontent-length: {announced}\r\n\r\n".encode()
+
+    async def handle(server: Server, stream: trio.SocketStream) -> None:
+        if await read_request(server, stream) is not None:
+            await stream.send_all(head)
+            await wait_for_hangup(server, stream)
+
+    async with serving(handle) as server, HTTP11Client(max_response_bytes=100) as client:
+        url = f"{server.url}/v1/generate"
+        with pytest.raises(HTTPFailure) as failure:
+            await client.request("POST", url, b"{}")
+        assert failure.value.kind == "oversized"
+        assert str(failure.value) == (
+            f"oversized: {url}: answer of {announced} bytes announced, longer than 100 bytes"
+        )
+        await server.wait_until(lambda: server.hangups == 1)
+        assert idle_count(client, server.url) == 0
+        assert client.budget.peak == 0  # nothing was reserved for it
+
+
+async def test_an_endless_chunked_answer_is_cut_off_at_the_limit() -> None:
+    # The server streams chunks until the client hangs up: without a limit the client
+    # would buffer all of them.
+    limit = 4 * RECEIVE_BYTES
+    chunk = b"%x\r\n%s\r\n" % (RECEIVE_BYTES, b"z" * RECEIVE_BYTES)
+    sent = 0
+
+    async def handle(server: Server, stream: trio.SocketStream) -> None:
+        nonlocal sent
+        if await read_request(server, stream) is None:
+            return
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        try:
+            while True:
+                await stream.send_all(chunk)
+                sent += RECEIVE_BYTES
+        except trio.BrokenResourceError:
+            server.hangups += 1
+            server.note()
+
+    async with serving(handle) as server, HTTP11Client(max_response_bytes=limit) as client:
+        with pytest.raises(HTTPFailure) as failure:
+            await client.request("GET", server.url)
+        assert failure.value.kind == "oversized"
+        assert f"longer than {limit} bytes" in str(failure.value)
+        await server.wait_until(lambda: server.hangups == 1)
+        assert idle_count(client, server.url) == 0
+        assert client.budget.reserved == 0
+    # What got past the limit is what the sockets' buffers held when the client hung up.
+    assert limit < sent < 256 * limit
+
+
+async def test_a_body_is_read_only_while_it_fits_in_the_shared_budget() -> None:
+    # Three answers of 1,000 bytes each, a budget of 2,000: two bodies are read while the
+    # third waits, holding nothing; every body arrives once the first two are done.
+    halves: set[str] = set()
+    finish = trio.Event()
+
+    async def handle(server: Server, stream: trio.SocketStream) -> None:
+        while (received := await read_request(server, stream)) is not None:
+            body = received.target.encode() * 1000
+            whole = answer(200, body[:1000])
+            await stream.send_all(whole[: len(whole) - 600])
+            halves.add(received.target)
+            server.note()
+            await finish.wait()
+            await stream.send_all(whole[len(whole) - 600 :])
+
+    async with (
+        serving(handle) as server,
+        HTTP11Client(max_response_bytes=1000, max_buffered_bytes=2000) as client,
+    ):
+        bodies: dict[str, bytes] = {}
+
+        async def call(name: str) -> None:
+            bodies[name] = (await client.request("GET", f"{server.url}/{name}")).body
+
+        async with trio.open_nursery() as nursery:
+            for name in "abc":
+                nursery.start_soon(call, name)
+            await server.wait_until(lambda: len(halves) == 3)
+            await trio.testing.wait_all_tasks_blocked()
+            # Every head has arrived: two bodies are being read, one waits for room.
+            assert client.budget.reserved == 2000
+            assert len(client.budget._waiters) == 1
+            finish.set()
+        assert bodies == {name: f"/{name}".encode() * 500 for name in "abc"}
+        assert client.budget.peak == 2000
+        assert client.budget.reserved == 0
+        assert server.accepts == 3
+        assert idle_count(client, server.url) == 3
+
+
+async def test_a_chunked_answer_reserves_the_whole_limit() -> None:
+    # Its length is unknown until it ends: two short chunked answers cannot share a
+    # budget of 1.5 limits, so the second is read after the first.
+    release = trio.Event()
+
+    async def handle(server: Server, stream: trio.SocketStream) -> None:
+        while await read_request(server, stream) is not None:
+            head, *rest = chunked(b"short")
+            await stream.send_all(head)
+            server.note()
+            await release.wait()
+            await stream.send_all(b"".join(rest))
+
+    async with (
+        serving(handle) as server,
+        HTTP11Client(max_response_bytes=1000, max_buffered_bytes=1500) as client,
+    ):
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                nursery.start_soon(client.request, "GET", server.url)
+            await server.wait_until(lambda: len(server.received) == 2)
+            await trio.testing.wait_all_tasks_blocked()
+            assert (client.budget.reserved, len(client.budget._waiters)) == (1000, 1)
+            release.set()
+        assert (client.budget.peak, client.budget.reserved) == (1000, 0)
+
+
+async def test_a_request_cancelled_while_it_waits_for_the_budget_takes_nothing() -> None:
+    release = trio.Event()
+
+    async def handle(server: Server, stream: trio.SocketStream) -> None:
+        while (received := await read_request(server, stream)) is not None:
+            whole = answer(200, received.target.encode() * 50)
+            await stream.send_all(whole[:-10])
+            server.note()
+            await release.wait()
+            await stream.send_all(whole[-10:])
+
+    async with (
+        serving(handle) as server,
+        HTTP11Client(max_response_bytes=100, max_buffered_bytes=100) as client,
+    ):
+        async with trio.open_nursery() as nursery:
+            replies: list[bytes] = []
+
+            async def first() -> None:
+                replies.append((await client.request("GET", f"{server.url}/a")).body)
+
+            waiting = trio.CancelScope()
+
+            async def second() -> None:
+                with waiting:
+                    await client.request("GET", f"{server.url}/b")
+
+            nursery.start_soon(first)
+            await server.wait_until(lambda: len(server.received) == 1)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(second)
+            await server.wait_until(lambda: len(server.received) == 2)
+            await trio.testing.wait_all_tasks_blocked()
+            assert (client.budget.reserved, len(client.budget._waiters)) == (100, 1)
+            waiting.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            assert (client.budget.reserved, len(client.budget._waiters)) == (100, 0)
+            release.set()
+        assert replies == [b"/a" * 50]
+        assert waiting.cancelled_caught
+        assert client.budget.reserved == 0
+        # The cancelled request's connection is closed, the other one kept.
+        await server.wait_until(lambda: server.hangups == 1)
+        assert idle_count(client, server.url) == 1
+
+
+async def test_the_budget_serves_waiters_in_order_and_skips_a_cancelled_one() -> None:
+    budget = ByteBudget(10)
+    order: list[str] = []
+
+    async def take(name: str, nbytes: int, scope: trio.CancelScope | None = None) -> None:
+        with scope or trio.CancelScope():
+            await budget.reserve(nbytes)
+            order.append(name)
+
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            await budget.reserve(8)
+            cancelled = trio.CancelScope()
+            nursery.start_soon(take, "big", 9, cancelled)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(take, "small", 2)  # fits, but waits behind "big"
+            await trio.testing.wait_all_tasks_blocked()
+            assert order == []
+            cancelled.cancel()  # "big" leaves the line: "small" fits and goes
+            await trio.testing.wait_all_tasks_blocked()
+            assert order == ["small"]
+            assert budget.reserved == 10
+            nursery.start_soon(take, "third", 5)
+            await trio.testing.wait_all_tasks_blocked()
+            budget.release(8)
+            await trio.testing.wait_all_tasks_blocked()
+        assert order == ["small", "third"]
+        assert (budget.reserved, budget.peak) == (7, 10)
+    with pytest.raises(ValueError, match="cannot reserve 11 of 10"):
+        await budget.reserve(11)
+
+
+def test_a_budget_smaller_than_one_answer_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_buffered_bytes"):
+        HTTP11Client(max_response_bytes=100, max_buffered_bytes=99)
 
 
 async def test_a_url_that_is_not_http_is_a_value_error() -> None:
@@ -673,6 +898,18 @@ async def test_post_generate_names_a_4xx_with_a_short_excerpt() -> None:
     assert "tail" not in detail
     assert len(detail) < 400
     assert "\n" not in detail
+
+
+async def test_post_generate_names_an_oversized_answer_and_it_is_transient() -> None:
+    async with (
+        serving(_generate_server(200, b'{"choices": []}' + b" " * 100)) as server,
+        HTTP11Client(max_response_bytes=100) as client,
+    ):
+        with pytest.raises(InferenceFailure) as failure:
+            await post_generate(client, server.url, {})
+    assert failure.value.kind == "oversized"
+    assert failure.value.transient  # retried, like a malformed answer
+    assert "longer than 100 bytes" in failure.value.detail
 
 
 async def test_post_generate_names_a_refused_connection() -> None:

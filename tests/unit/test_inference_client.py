@@ -9,15 +9,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from payload_gc import PayloadRootFiles
 
 from orchestrator.inference_client import (
     InferenceFailure,
     TurnOutput,
     build_generate_request,
+    check_turn_files,
     parse_generate_response,
-    segment_files_problem,
 )
-from orchestrator.payload import encode_inline, write_payload_file
+from orchestrator.payload import RoutingShape, encode_inline, write_payload_file
 
 FIELDS = ("routed_experts", "sampling_mask")
 PROMPT_LEN = 10
@@ -51,11 +52,22 @@ def by_handle_body(payload_dir: Path, **overrides: Any) -> dict[str, Any]:
     return {"request_id": "r", "choices": [body]}
 
 
-def parse(doc: object, payload_dir: Path | None) -> TurnOutput:
+def parse(
+    doc: object, payload_dir: Path | None, routing_shape: RoutingShape | None = None
+) -> TurnOutput:
     raw = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
     return parse_generate_response(
-        raw, prompt_len=PROMPT_LEN, payload_dir=payload_dir, fields=FIELDS
+        raw,
+        prompt_len=PROMPT_LEN,
+        payload_dir=payload_dir,
+        fields=FIELDS,
+        routing_shape=routing_shape,
     )
+
+
+def files_problem(turn: TurnOutput, root: Path, version: int = 0) -> str | None:
+    with PayloadRootFiles(root) as files:
+        return check_turn_files(turn, files=files, version=version).problem
 
 
 def test_request_carries_payload_dir_only_by_handle(tmp_path: Path) -> None:
@@ -80,9 +92,12 @@ def test_a_good_by_handle_turn_is_trusted(tmp_path: Path) -> None:
     assert turn.files == frozenset({str(payload_dir / name)})
 
 
+def inline_fields() -> dict[str, Any]:
+    return {field: encode_inline(a, pos) for field, (a, pos) in arrays().items()}
+
+
 def test_a_good_inline_turn_decodes() -> None:
-    inline = {field: encode_inline(a, pos) for field, (a, pos) in arrays().items()}
-    turn = parse({"choices": [choice(**inline)]}, None)
+    turn = parse({"choices": [choice(**inline_fields())]}, None)
     assert turn.poisoned is None
     np.testing.assert_array_equal(turn.inline["routed_experts"][0], arrays()["routed_experts"][0])
 
@@ -165,16 +180,82 @@ def test_a_segment_from_another_version_dir_never_leaves_it(tmp_path: Path) -> N
 def test_file_checks_catch_out_of_range_missing_and_symlinked_files(tmp_path: Path) -> None:
     payload_dir = tmp_path / "v0"
     good = parse(by_handle_body(payload_dir), payload_dir)
-    assert segment_files_problem(good, payload_dir=payload_dir) is None
+    assert files_problem(good, tmp_path) is None
 
     far = parse(bad_segment(payload_dir, offset=10**6), payload_dir)
-    assert segment_files_problem(far, payload_dir=payload_dir) is not None
+    assert files_problem(far, tmp_path) is not None
 
     (name,) = {Path(f).name for f in good.files}
     target = tmp_path / "elsewhere.bin"
     (payload_dir / name).rename(target)
-    missing = segment_files_problem(good, payload_dir=payload_dir)
+    missing = files_problem(good, tmp_path)
     assert missing is not None and name in missing
 
     (payload_dir / name).symlink_to(target)
-    assert segment_files_problem(good, payload_dir=payload_dir) is not None
+    assert files_problem(good, tmp_path) is not None
+
+
+def test_file_checks_never_follow_a_linked_version_dir(tmp_path: Path) -> None:
+    # The server's files are real, but v0 was swapped for a link to where they are.
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    good = parse(by_handle_body(outside), root / "v0")
+    (root / "v0").symlink_to(outside)
+    problem = files_problem(good, root)
+    assert problem is not None and "symbolic link" in problem
+    with PayloadRootFiles(root) as files:
+        assert check_turn_files(good, files=files, version=0).sizes == {}
+
+
+def test_file_checks_report_the_sizes_on_disk(tmp_path: Path) -> None:
+    payload_dir = tmp_path / "v0"
+    good = parse(by_handle_body(payload_dir), payload_dir)
+    (name,) = {Path(f).name for f in good.files}
+    with PayloadRootFiles(tmp_path) as files:
+        found = check_turn_files(good, files=files, version=0)
+    assert found.sizes == {name: (payload_dir / name).stat().st_size}
+
+
+@pytest.mark.parametrize("key", ["fill", "digest_offset", "digest_nbytes"])
+def test_stitching_keys_from_a_server_poison_the_turn(tmp_path: Path, key: str) -> None:
+    # A fill segment with an empty file once made the daemon unlink its version dir.
+    payload_dir = tmp_path / "v0"
+    doc = by_handle_body(payload_dir)
+    segment = doc["choices"][0]["payload"][0]
+    segment[key] = -1 if key == "fill" else 0
+    if key == "fill":
+        segment.update(file="", offset=0, digest="")
+    turn = parse(doc, payload_dir)
+    assert turn.poisoned is not None and key in turn.poisoned
+    assert all(Path(f).name for f in turn.files)
+    assert str(payload_dir) not in {f.rstrip("/") for f in turn.files}
+
+
+def test_routing_of_another_model_poisons_the_turn(tmp_path: Path) -> None:
+    payload_dir = tmp_path / "v0"
+    doc = by_handle_body(payload_dir)
+    assert parse(doc, payload_dir, RoutingShape(2, 3, 128)).poisoned is None
+    wrong_k = parse(doc, payload_dir, RoutingShape(2, 4, 128)).poisoned
+    assert wrong_k is not None and "[2, 4]" in wrong_k
+    wrong_layers = parse(doc, payload_dir, RoutingShape(48, 3)).poisoned
+    assert wrong_layers is not None and "layers" in wrong_layers
+    too_narrow = parse(doc, payload_dir, RoutingShape(2, 3, 300)).poisoned
+    assert too_narrow is not None and "uint8" in too_narrow
+
+
+def test_inline_routing_of_another_model_poisons_the_turn() -> None:
+    doc = {"request_id": "r", "choices": [choice(**inline_fields())]}
+    assert parse(doc, None, RoutingShape(2, 3)).poisoned is None
+    assert parse(doc, None, RoutingShape(2, 8)).poisoned is not None
+    # The ids run up to 77: a model of 50 experts cannot have routed them.
+    few_experts = parse(doc, None, RoutingShape(2, 3, 50)).poisoned
+    assert few_experts is not None and "experts" in few_experts
+
+
+def test_a_zero_sized_row_poisons_the_turn(tmp_path: Path) -> None:
+    payload_dir = tmp_path / "v0"
+    doc = by_handle_body(payload_dir)
+    segment = doc["choices"][0]["payload"][0]
+    segment["shape"] = [segment["shape"][0], 0, 3]
+    turn = parse(doc, payload_dir)
+    assert turn.poisoned is not None and "zero" in turn.poisoned

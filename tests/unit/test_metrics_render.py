@@ -233,6 +233,7 @@ def test_counters_by_label_equal_the_state() -> None:
     )
     # Known label values that never happened are reported as 0, not left out.
     assert value(families, "orchestrator_rollout_failures_total", kind="timeout") == 0
+    assert value(families, "orchestrator_rollout_failures_total", kind="oversized") == 0
     assert value(families, "orchestrator_payload_files_deleted_total", path="wipe") == 0
 
 

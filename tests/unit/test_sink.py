@@ -524,3 +524,18 @@ def test_counters_are_a_copy() -> None:
 
     assert snapshot == counts()
     assert sink.counters == counts(stale=1)
+
+
+def test_each_queued_sample_carries_its_groups_server_into_the_batch() -> None:
+    from orchestrator.daemon import _train_sample
+
+    sink = TrainSink(LIMITS)
+    server = "http://10.0.0.5:8000"
+    pinned = attrs.evolve(group("g1", 3, simple("a", 1.0), simple("b", 0.0)), server=server)
+    sink.admit(pinned, 4)
+    sink.admit(group("g2", 3, simple("c", 1.0), simple("d", 0.0)), 4)
+
+    batch, _ = sink.assemble(4)
+
+    assert [q.server for q in batch] == [server, server, None, None]
+    assert [_train_sample(q).to_json().get("server") for q in batch] == [server, server, None, None]

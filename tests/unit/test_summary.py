@@ -61,3 +61,19 @@ def test_no_trainer_report_is_not_a_failure(tmp_path: Path) -> None:
     assert [i.held for i in invariants] == [True, None, None]
     state = RunState(max_off_policy_steps=2, max_async_steps=1, max_steps=1)
     assert invariants_hold(summary_data(state, {}, invariants, duration_s=0, first_step=1))
+
+
+def test_dropped_samples_are_shown_by_server_and_fail_nothing(tmp_path: Path) -> None:
+    paths = layout(tmp_path, [1, 2, 3], ["v2"], violations=0)
+    report = json.loads(paths["trainer_report"].read_text())
+    a, b = "http://127.0.0.1:8001", "http://127.0.0.1:8002"
+    report["dropped"] = [{"server": a}, {"server": b}, {"server": a}, {"server": None}]
+    paths["trainer_report"].write_text(json.dumps(report))
+    invariants = check_invariants(**paths, last_step=3, bound=2)
+    assert [i.held for i in invariants] == [True, True, True]
+    detail = invariants[1].detail
+    assert f"4 samples dropped for broken payloads ({a} 2, {b} 1, unknown server 1)" in detail
+    state = RunState(max_off_policy_steps=2, max_async_steps=1, max_steps=3)
+    data = summary_data(state, {}, invariants, duration_s=1.0, first_step=1)
+    assert invariants_hold(data)
+    assert "4 samples dropped" in render_summary(data)

@@ -1,0 +1,96 @@
+"""How many bytes the daemon reads of one generate reply, and of all replies together.
+
+The generate client buffers each reply whole before parsing it, so without a bound a
+broken or hostile server (or a proxy's error page, or a payload mode the config did not
+expect) costs memory without limit, times the requests in flight. The per-reply cap
+follows from what a reply in the run's payload mode can hold:
+
+- **By handle** (or no payload fields): token ids and logprobs as JSON plus a few small
+  records (segments, usage). `BYTES_PER_TOKEN` per completion token is about twice what
+  an id and a full-precision logprob take, and `REPLY_OVERHEAD` covers the rest: about
+  1.1 MiB for 2,048 completion tokens.
+- **Inline**: the routing and mask arrays travel in the reply as base64. When the config
+  knows the model's shape (`payload.layers` and `payload.top_k`, or the local fleet's
+  `[sim]` model: `Config.routing_shape`), the cap counts every position the reply may
+  cover (`max_context_tokens` prompt tokens plus the completion) times `layers * top_k`
+  expert ids, plus `MASK_WIDTH` int32 mask entries per completion token, both doubled
+  for slack, times 4/3 for base64. Otherwise it is the fixed `INLINE_REPLY_BYTES`
+  (256 MiB: a 128k-token turn of a 64-layer top-8 model with more than 256 experts is
+  about 171 MiB of base64).
+
+The bound on all replies together defaults to what `max_inflight` replies at the cap
+take, but at most `BUFFERED_REPLY_BYTES` (and never less than one reply at the cap, so a
+reply alone can always be read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+MIB = 1 << 20
+GIB = 1 << 30
+#: JSON bytes per completion token for its id and logprob (`12345, -0.5821476803664449, `
+#: is 28): twice that and more.
+BYTES_PER_TOKEN = 64
+#: Everything else in a reply: request id, finish reason, usage, segment records.
+REPLY_OVERHEAD = 1 * MIB
+#: An inline reply from servers whose model shape the config does not know.
+INLINE_REPLY_BYTES = 256 * MIB
+#: The most bytes all in-flight replies may buffer together, unless configured.
+BUFFERED_REPLY_BYTES = 1 * GIB
+#: Widest sampling-mask row counted per completion token: the daemon asks for top_k 50
+#: (`build_generate_request`), and the local servers cap an unbounded sampler at 64.
+MASK_WIDTH = 64
+
+
+@attrs.frozen
+class ModelShape:
+    """What sizes the routing payload: expert ids per position are `layers * top_k`,
+    one byte each up to 256 experts, two above (and when the count is not known)."""
+
+    layers: int
+    top_k: int
+    num_experts: int | None
+
+    @property
+    def expert_id_bytes(self) -> int:
+        return 1 if self.num_experts is not None and self.num_experts <= 256 else 2
+
+
+def _base64_len(nbytes: int) -> int:
+    return 4 * -(-nbytes // 3)
+
+
+def derived_max_reply_bytes(
+    *,
+    by_handle: bool,
+    fields: Sequence[str],
+    max_tokens: int,
+    max_context_tokens: int,
+    model: ModelShape | None,
+) -> int:
+    """The per-reply cap for a run's payload mode (pure; see the module docstring).
+
+    `max_tokens` is the completion bound of one request, `max_context_tokens` a bound on
+    its prompt, `model` the shape when the config knows it (the local fleet) or None.
+    """
+    tokens = BYTES_PER_TOKEN * max_tokens + REPLY_OVERHEAD
+    if by_handle or not fields:
+        return tokens
+    if model is None:
+        return max(tokens, INLINE_REPLY_BYTES)
+    arrays = 0
+    if "routed_experts" in fields:
+        positions = 2 * (max_context_tokens + max_tokens)
+        arrays += positions * model.layers * model.top_k * model.expert_id_bytes
+    if "sampling_mask" in fields:
+        arrays += 2 * max_tokens * MASK_WIDTH * 4
+    return tokens + _base64_len(arrays)
+
+
+def derived_max_buffered_reply_bytes(*, max_reply_bytes: int, max_inflight: int) -> int:
+    """The bound on bytes buffered across all in-flight replies: `max_inflight` replies
+    at the cap, at most `BUFFERED_REPLY_BYTES`, at least one reply at the cap."""
+    return max(max_reply_bytes, min(max_inflight * max_reply_bytes, BUFFERED_REPLY_BYTES))

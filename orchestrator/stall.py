@@ -1,0 +1,211 @@
+"""The stall watch: a warning when no batch has shipped for `[progress] stall_warning_s`.
+
+A run can go quiet with nothing wrong at info level: every sample longer than
+`batch.max_seq_len` (discarded as `untrainable`), every reply unparseable (retried as
+`malformed`), a trainer that stopped publishing. The watch notices that no batch has
+shipped for `stall_warning_s` seconds (since the daemon started, or since its last
+shipped batch) and logs `no batch shipped` at warning level, then again every
+`stall_warning_s` while it lasts, with what holds the batch up:
+
+- the step being filled, the samples queued and the samples a batch needs;
+- whether the staleness gate is closed (the trainer has not published the version the
+  batch waits for) or the sink lacks samples;
+- the discards by reason and the failures by kind **since the last shipped batch** (since
+  the start when none shipped yet), and the most common error text over that time.
+
+`StallWatch` is the logic, pure and clock-free (the caller passes the time);
+`serve_stall_watch` runs it on trio's clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import attrs
+import structlog
+import trio
+
+from orchestrator.rejections import TopError, top_error
+
+log = structlog.get_logger("orchestrator")
+
+#: What a discard reason usually means when it takes every sample, for the warning.
+DISCARD_HINTS = {
+    "untrainable": "samples longer than batch.max_seq_len, without loss tokens or poisoned",
+    "failed": "requests that failed for good: see the failures",
+    "stale": "groups older than the staleness bound",
+    "no_signal": "groups whose rewards are all equal",
+    "curriculum": "groups whose mean reward is outside env.curriculum_*",
+    "pruned": "surplus samples of a batch",
+}
+
+
+@attrs.frozen
+class Figures:
+    """What the watch reads of the run at one moment (counts are totals of this run)."""
+
+    step: int  # the batch being filled
+    queued: int  # samples in the sink's queue
+    needed: int  # samples a batch needs
+    gate_open: bool  # whether batch `step` may ship as far as the trainer is concerned
+    applied_version: int
+    idle: bool  # nothing left to ship (max_steps reached, or stopping): never a stall
+    discards: Mapping[str, int] = attrs.field(factory=dict)
+    failures: Mapping[str, int] = attrs.field(factory=dict)
+    texts: Mapping[tuple[str, str], int] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Recent:
+    """Discards, failures and the most common error since the last shipped batch."""
+
+    discards: Mapping[str, int]
+    failures: Mapping[str, int]
+    top_error: TopError | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "discards": dict(self.discards),
+            "failures": dict(self.failures),
+            "top_error": None if self.top_error is None else self.top_error.to_json(),
+        }
+
+
+@attrs.frozen
+class StallReport:
+    """What one stall warning says."""
+
+    quiet_s: float
+    shipped_before: bool  # False: no batch shipped since the daemon started
+    step: int
+    queued: int
+    needed: int
+    gate_open: bool
+    applied_version: int
+    recent: Recent
+
+    def log_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "quiet_s": round(self.quiet_s, 1),
+            "since": "last shipped batch" if self.shipped_before else "start",
+            "step": self.step,
+            "queued_samples": self.queued,
+            "needed_samples": self.needed,
+            "discards": dict(self.recent.discards),
+            "failures": dict(self.recent.failures),
+            "top_error": None
+            if self.recent.top_error is None
+            else self.recent.top_error.describe(),
+        }
+        if not self.gate_open:
+            fields["waiting_for"] = (
+                f"the trainer: batch {self.step} may ship once a newer version than "
+                f"v{self.applied_version} is applied"
+            )
+        dominant = most_discarded(self.recent.discards)
+        if dominant is not None and dominant[0] in DISCARD_HINTS:
+            fields["hint"] = f"most discards are {dominant[0]}: {DISCARD_HINTS[dominant[0]]}"
+        return fields
+
+
+def most_discarded(discards: Mapping[str, int]) -> tuple[str, int] | None:
+    """The reason with the most discards (the first of equals), or None when none."""
+    best = max(discards.items(), key=lambda item: item[1], default=None)
+    return best if best is not None and best[1] > 0 else None
+
+
+def _grown(now: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
+    """Each key's growth from `before` to `now`, keys that grew only."""
+    return {key: n - before.get(key, 0) for key, n in now.items() if n > before.get(key, 0)}
+
+
+@attrs.define
+class StallWatch:
+    """Whether no batch has shipped for `stall_s` seconds, and what to say about it.
+
+    Times are the caller's clock (trio's in the daemon). `shipped` is called with every
+    shipped batch; `check` returns a report when a warning is due (at most one every
+    `stall_s` seconds); `next_check` says when to ask again. `stall_s = 0`: never.
+    """
+
+    stall_s: float
+    started_at: float
+    shipped_at: float | None = None
+    _baseline: Figures | None = None
+    _warned_at: float | None = None
+
+    @property
+    def quiet_since(self) -> float:
+        return self.started_at if self.shipped_at is None else self.shipped_at
+
+    def shipped(self, now: float, figures: Figures) -> None:
+        """A batch shipped at `now`; `figures` are the counts right after it."""
+        self.shipped_at = now
+        self._baseline = figures
+        self._warned_at = None
+
+    def recent(self, figures: Figures) -> Recent:
+        """The counts of `figures` since the last shipped batch (since the start if none)."""
+        base = self._baseline
+        if base is None:
+            return Recent(
+                _grown(figures.discards, {}),
+                _grown(figures.failures, {}),
+                top_error(figures.texts, {}),
+            )
+        return Recent(
+            _grown(figures.discards, base.discards),
+            _grown(figures.failures, base.failures),
+            top_error(figures.texts, base.texts),
+        )
+
+    def check(self, now: float, figures: Figures) -> StallReport | None:
+        """The warning due at `now`, or None (not quiet long enough, warned too recently,
+        nothing left to ship, or the watch is off)."""
+        if self.stall_s <= 0 or figures.idle:
+            return None
+        quiet = now - self.quiet_since
+        if quiet < self.stall_s:
+            return None
+        if self._warned_at is not None and now - self._warned_at < self.stall_s:
+            return None
+        self._warned_at = now
+        return StallReport(
+            quiet_s=quiet,
+            shipped_before=self.shipped_at is not None,
+            step=figures.step,
+            queued=figures.queued,
+            needed=figures.needed,
+            gate_open=figures.gate_open,
+            applied_version=figures.applied_version,
+            recent=self.recent(figures),
+        )
+
+    def next_check(self, now: float) -> float:
+        """When a warning may next be due (always later than `now`)."""
+        if self.stall_s <= 0:
+            return math.inf
+        last = self.quiet_since if self._warned_at is None else self._warned_at
+        due = last + self.stall_s
+        return due if due > now else now + self.stall_s
+
+
+async def serve_stall_watch(
+    watch: StallWatch,
+    figures: Callable[[], Figures],
+    on_warning: Callable[[], Awaitable[None]],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Warn (`no batch shipped`) whenever `watch` says so, reading `figures()` then;
+    after each warning, `on_warning()` (the daemon saves its progress, so `orchestrator
+    status` shows the same). Runs until cancelled; with the watch off, sleeps."""
+    task_status.started()
+    while True:
+        await trio.sleep_until(watch.next_check(trio.current_time()))
+        report = watch.check(trio.current_time(), figures())
+        if report is not None:
+            log.warning("no batch shipped", **report.log_fields())
+            await on_warning()

@@ -1,0 +1,84 @@
+"""The real daemon with the local fleet, on a config where every sample is longer than
+`batch.max_seq_len`: nothing ever ships, so the stall watch warns with `untrainable` as
+the dominant discard reason, and `orchestrator status` says the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog.testing
+import trio
+
+from orchestrator.cli import main
+from orchestrator.config import load_config
+from orchestrator.daemon import run_daemon
+from orchestrator.progress import hold_run_lock, load_progress
+from orchestrator.run_state import RunState
+
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+STALL_S = 0.5
+
+
+def warnings(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [entry for entry in logs if entry["event"] == "no batch shipped"]
+
+
+def untrainable(entry: dict[str, Any]) -> int:
+    count: int = entry["discards"].get("untrainable", 0)
+    return count
+
+
+async def test_every_sample_too_long_warns_and_status_shows_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    overrides = [
+        f'run_dir="{tmp_path / "run"}"',
+        "sim.train_time_s=0.02",
+        "trainer.poll_interval_s=0.1",
+        "max_steps=2",
+        # Every prompt alone is longer: each sample is discarded as untrainable.
+        "batch.max_seq_len=8",
+        f"progress.stall_warning_s={STALL_S}",
+    ]
+    config = load_config(DEMO, overrides)
+    with (
+        hold_run_lock(config.state_dir),
+        structlog.testing.capture_logs() as logs,
+        trio.fail_after(30),
+    ):
+        async with trio.open_nursery() as nursery:
+            state: RunState = await nursery.start(run_daemon, config)
+            # Two warnings that saw discards: the first one's progress save is done. (Groups
+            # keep being admitted and discarded, and each admission notifies the state.)
+            while len([w for w in warnings(logs) if untrainable(w)]) < 2:
+                await state.wait_changed()
+            nursery.cancel_scope.cancel()
+
+    assert state.next_step == 1, "a batch shipped although every sample is too long"
+    stalls = warnings(logs)
+    # Once per interval, not on every check; the first right after STALL_S of silence.
+    assert 2 <= len(stalls) <= 20
+    last = [w for w in stalls if untrainable(w)][-1]
+    assert last["log_level"] == "warning"
+    assert last["since"] == "start"
+    assert last["step"] == 1 and last["needed_samples"] == config.batch.size
+    assert last["queued_samples"] == 0
+    # The dominant discard reason, with what it usually means.
+    assert max(last["discards"], key=last["discards"].get) == "untrainable"
+    assert "max_seq_len" in last["hint"]
+
+    # progress.json carries the same, and `orchestrator status` shows it.
+    progress = load_progress(config.state_dir)
+    assert progress is not None
+    assert progress.last_shipped_at is None and progress.started_at > 0
+    assert progress.recent_discards["untrainable"] >= untrainable(last)
+    capsys.readouterr()
+    argv = ["status", "--config", str(DEMO), *(arg for o in overrides for arg in ("--set", o))]
+    with hold_run_lock(config.state_dir):
+        assert main(argv) == 0
+    out = capsys.readouterr().out
+    count = progress.recent_discards["untrainable"]
+    assert "no batch shipped for" in out
+    assert f"most discards: untrainable ({count})" in out, out

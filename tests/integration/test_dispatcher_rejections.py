@@ -1,0 +1,134 @@
+"""Every rejection of the dispatcher goes through `RunState.rejections`: a server that
+answers garbage to every request is counted per attempt and logged at warning level, once
+per interval, instead of one info line per retry. A real server on 127.0.0.1 answers."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import h11
+import pytest
+import structlog.testing
+import trio
+
+from orchestrator.config import load_config
+from orchestrator.daemon import dispatch_settings
+from orchestrator.dispatcher import Dispatcher
+from orchestrator.environments import make_environment
+from orchestrator.http11 import HTTP11Client
+from orchestrator.inference_client import InferenceFailure, build_generate_request
+from orchestrator.rollouts import GroupResult
+from orchestrator.run_state import RunState
+from orchestrator.server_pool import ServerPool
+
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+GARBAGE = b"<html>502 from a proxy, not JSON</html>"
+TURNS = 30
+RETRIES = 3
+
+
+async def answer_garbage(stream: trio.SocketStream) -> None:
+    """Answer every request on the connection with 200 and a body that is not JSON."""
+    connection = h11.Connection(h11.SERVER)
+    with contextlib.suppress(trio.BrokenResourceError, h11.RemoteProtocolError):
+        while True:
+            event = connection.next_event()
+            if event is h11.NEED_DATA:
+                data = await stream.receive_some(65536)
+                if not data:
+                    return
+                connection.receive_data(data)
+            elif isinstance(event, h11.EndOfMessage):
+                headers = [
+                    ("content-type", "application/json"),
+                    ("content-length", str(len(GARBAGE))),
+                ]
+                reply = connection.send(h11.Response(status_code=200, headers=headers))
+                reply += connection.send(h11.Data(data=GARBAGE))
+                reply += connection.send(h11.EndOfMessage())
+                await stream.send_all(reply)
+                connection.start_next_cycle()
+            elif isinstance(event, h11.ConnectionClosed):
+                return
+
+
+@contextlib.asynccontextmanager
+async def garbage_server() -> AsyncIterator[str]:
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, answer_garbage, 0, host="127.0.0.1")
+        )
+        port = listeners[0].socket.getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+        nursery.cancel_scope.cancel()
+
+
+def failure_lines(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [entry for entry in logs if entry["event"] == "rollout failure"]
+
+
+async def test_a_server_answering_garbage_is_counted_per_attempt_and_logged_once(
+    tmp_path: Path,
+) -> None:
+    config = load_config(
+        DEMO,
+        [
+            f'run_dir="{tmp_path / "run"}"',
+            f"inference.retries={RETRIES}",
+            "inference.retry_backoff_s=0.001",
+            'payload.mode="inline"',
+        ],
+    )
+    state = RunState(max_off_policy_steps=2, max_async_steps=1, max_steps=0)
+    send, _ = trio.open_memory_channel[GroupResult](1)
+    environment = make_environment(
+        "math", prompt_len_min=4, prompt_len_max=8, vocab_size=100, max_turns=1
+    )
+    with (
+        structlog.testing.capture_logs() as logs,
+        trio.fail_after(20),
+    ):
+        async with garbage_server() as url, HTTP11Client() as client:
+            pool = ServerPool.of([url], on_change=state.notify)
+            dispatcher = Dispatcher(
+                dispatch_settings(config),
+                state,
+                environment,
+                client,
+                send,
+                lambda: 0,
+                trio.CapacityLimiter(1),
+                pool,
+            )
+            for turn in range(TURNS):
+                body = build_generate_request(
+                    request_id=f"r{turn}",
+                    token_ids=[1, 2, 3],
+                    max_tokens=4,
+                    seed=turn,
+                    payload_dir=None,
+                    fields=(),
+                )
+                with pytest.raises(InferenceFailure) as failure:
+                    await dispatcher._request_turn(url, body, 3, None, trio.Event())
+                assert failure.value.kind == "malformed"
+
+    # Every attempt counted, under its kind, in the counter the metrics and summary read.
+    attempts = TURNS * (RETRIES + 1)
+    assert state.failures["malformed"] == attempts
+    assert state.rejections.counts is state.failures
+    # The text the server kept sending is the most common error.
+    top = state.rejections.top_error()
+    assert top is not None and top.kind == "malformed" and top.count == attempts
+    # One warning line (the run took less than the 10 s interval), nothing per retry.
+    lines = failure_lines(logs)
+    assert len(lines) == 1, lines
+    assert lines[0]["log_level"] == "warning"
+    assert (lines[0]["kind"], lines[0]["server"]) == ("malformed", url)
+    assert lines[0]["retrying"] is True
+    assert not [entry for entry in logs if entry["event"] == "retrying turn"]
+    assert not [entry for entry in logs if entry["log_level"] == "info"]
