@@ -12,17 +12,24 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
 import numpy as np
+from payload_gc import (
+    BadFileName,
+    PayloadGCError,
+    PayloadRootFiles,
+    RootMissing,
+    VersionDir,
+    parse_version,
+)
 
 from ._digest import payload_digest
 from ._errors import BadSegment, PayloadCorrupt, PayloadMissing
 from ._segment import FIELDS, PayloadSegment, stored_dtype
-from ._validate import validate_segment
+from ._validate import open_version_dir, validate_segment
 
 
 def read_sample_payload(
@@ -107,7 +114,8 @@ class _PayloadFiles:
     def __init__(self, payload_dir: Path, *, verify: bool) -> None:
         self._payload_dir = payload_dir
         self._verify = verify
-        self._dir_fd: int | None = None
+        self._root: PayloadRootFiles | None = None
+        self._directory: VersionDir | None = None
         self._files: dict[str, tuple[int, int]] = {}  # name -> (fd, size)
         self._verified: dict[tuple[str, int, int], bytearray] = {}
         self._verified_unkept: set[tuple[str, int, int]] = set()
@@ -123,8 +131,8 @@ class _PayloadFiles:
     ) -> None:
         for fd, _ in self._files.values():
             os.close(fd)
-        if self._dir_fd is not None:
-            os.close(self._dir_fd)
+        if self._root is not None:
+            self._root.close()
 
     def check_size(self, segment: PayloadSegment) -> None:
         """Raise `PayloadMissing` unless the segment's digested bytes are all in its file."""
@@ -204,41 +212,51 @@ class _PayloadFiles:
         return buffer
 
     def _open(self, name: str) -> tuple[int, int]:
+        """Open `name` the way payload_gc does: the payload directory (`<root>/v<k>`)
+        relative to its root without following a link and on the root's mount, the file
+        by plain name, never a link, never a FIFO or device (refused without blocking)."""
         opened = self._files.get(name)
         if opened is not None:
             return opened
+        if self._directory is None:
+            self._root = _open_root(self._payload_dir)
+            self._directory = open_version_dir(self._root, _version_of(self._payload_dir))
         path = self._payload_dir / name
-        if self._dir_fd is None:
-            try:
-                # O_NOFOLLOW: a version directory swapped for a link is refused, not
-                # followed to wherever it points.
-                self._dir_fd = os.open(
-                    self._payload_dir,
-                    os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                )
-            except FileNotFoundError:
-                raise PayloadMissing(self._payload_dir, "no such directory") from None
-            except OSError as error:
-                if error.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise BadSegment(
-                        "symlink", "", f"{str(self._payload_dir)!r} is not a plain directory"
-                    ) from None
-                raise
         try:
-            # O_NOFOLLOW, relative to the directory: the file opened is the one validated.
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir_fd)
+            fd = self._directory.open_file(name)
         except FileNotFoundError:
             raise PayloadMissing(path) from None
+        except BadFileName as error:
+            raise BadSegment("not_plain_name", name, str(error)) from None
         except OSError as error:
             if error.errno == errno.ELOOP:
                 raise BadSegment("symlink", name, f"{str(path)!r} is a symbolic link") from None
+            if error.errno in (errno.EISDIR, errno.EINVAL, errno.ENXIO):
+                raise BadSegment(
+                    "not_regular_file", name, f"{str(path)!r} is not a regular file"
+                ) from None
             raise
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise BadSegment("not_regular_file", name, f"{str(path)!r} is not a regular file")
-        self._files[name] = (fd, st.st_size)
-        return fd, st.st_size
+        size = os.fstat(fd).st_size
+        self._files[name] = (fd, size)
+        return fd, size
+
+
+def _version_of(payload_dir: Path) -> int:
+    version = parse_version(payload_dir.name)
+    if version is None:
+        raise BadSegment(
+            "wrong_version_dir", "", f"{str(payload_dir)!r} is not a v<k> version directory"
+        )
+    return version
+
+
+def _open_root(payload_dir: Path) -> PayloadRootFiles:
+    try:
+        return PayloadRootFiles(payload_dir.parent)
+    except RootMissing:
+        raise PayloadMissing(payload_dir, "no such directory") from None
+    except PayloadGCError as error:
+        raise BadSegment("symlink", "", str(error)) from None
 
 
 def _check_window(rows: range | None, sample_len: int) -> range:
