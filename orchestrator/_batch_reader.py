@@ -37,7 +37,7 @@ OnCorrupt = Literal["raise", "drop"]
 
 # The `BadSegment` reasons that describe a payload file on disk rather than the batch
 # document: the daemon checked the file at admission, so it changed after.
-_FILE_REASONS = frozenset({"symlink", "not_regular_file"})
+_FILE_REASONS = frozenset({"symlink", "mount_point", "not_regular_file"})
 
 
 @attrs.frozen(eq=False)

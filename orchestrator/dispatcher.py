@@ -267,10 +267,10 @@ class Dispatcher:
     def _learn_routing_shape(self, turn: TurnOutput, server: str) -> None:
         """With no routing shape configured, the first good reply with routing fixes it
         for the run: every later reply must agree (docs/operations.md § Security model)."""
-        rows = _routing_rows(turn)
-        if rows is None or len(rows[0]) != 2:
+        rows = _routing_row_shape(turn)
+        if rows is None or len(rows) != 2:
             return
-        (layers, top_k), _ = rows
+        layers, top_k = rows
         self.state.routing_shape = RoutingShape(layers, top_k)
         log.info(
             "routing shape fixed by the first reply", server=server, layers=layers, top_k=top_k
@@ -386,15 +386,13 @@ class Dispatcher:
             await trio.sleep(min(settings.retry_backoff_s * 2 ** (attempt - 1), 30.0))
 
 
-def _routing_rows(turn: TurnOutput) -> tuple[tuple[int, ...], str] | None:
-    """The row shape and dtype of the turn's routing, by handle or inline, if it has any."""
+def _routing_row_shape(turn: TurnOutput) -> tuple[int, ...] | None:
+    """The row shape of the turn's routing, by handle or inline, if it has any."""
     segment = turn.segments.get("routed_experts")
     if segment is not None:
-        return segment.shape[1:], segment.dtype
+        return segment.shape[1:]
     inline = turn.inline.get("routed_experts")
-    if inline is not None:
-        return inline[0].shape[1:], inline[0].dtype.name
-    return None
+    return None if inline is None else inline[0].shape[1:]
 
 
 def _seed(run_seed: int, rollout_id: str, turn: int) -> int:

@@ -291,8 +291,7 @@ def check_turn_files(turn: TurnOutput, *, files: PayloadRootFiles, version: int)
     if problem is None:
         try:
             for segment in turn.segments.values():
-                if not segment.is_fill:
-                    check_within(segment, sizes[segment.file])
+                check_within(segment, sizes[segment.file])
         except PayloadError as exc:
             problem = str(exc)
     return TurnFiles(problem, sizes)

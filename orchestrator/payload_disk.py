@@ -12,7 +12,7 @@ themselves are removed by payload_gc's collector, never here.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import attrs
@@ -20,23 +20,10 @@ import trio
 from payload_gc import (
     FileRemoval,
     PayloadGCError,
-    RootRefused,
     parse_version,
     remove_files,
     scan_root,
 )
-
-
-@attrs.frozen
-class Deletion:
-    """What deleting a list of payload files did: files and bytes freed, and the paths
-    that were refused (not inside a version directory of the root) or could not be
-    deleted, as one-line problems (the first few; `problem_count` counts them all)."""
-
-    files: int
-    bytes: int
-    problems: tuple[str, ...] = ()
-    problem_count: int = 0
 
 
 def payload_file_key(root: str, path: str) -> tuple[int, str] | None:
@@ -50,37 +37,41 @@ def payload_file_key(root: str, path: str) -> tuple[int, str] | None:
     return version, name
 
 
-def unlink_files(root: Path, paths: Iterable[str]) -> Deletion:
+def unlink_files(root: Path, paths: Sequence[str]) -> FileRemoval:
     """Unlink each payload file (a path `<root>/v<k>/<name>`); blocking.
 
     A missing file is success (the version collector or another discard got there
     first). Nothing is followed: a link is removed, not its target, and a version
-    directory that is a link or a mount point is refused whole.
+    directory that is a link or a mount point is refused whole. A path of any other form
+    (which the daemon never builds) is refused and reported like those.
     """
     prefix = os.fspath(root)
-    keys: list[tuple[int, str]] = []
-    refused: list[str] = []
-    for path in paths:
-        key = payload_file_key(prefix, path)
-        if key is None:
-            refused.append(f"{path}: not a file of a version directory of {prefix}")
-        else:
-            keys.append(key)
+    keys = [payload_file_key(prefix, path) for path in paths]
+    refused = [
+        f"{path}: not in a version directory of {prefix}"
+        for path, key in zip(paths, keys, strict=True)
+        if key is None
+    ]
     try:
-        removal = remove_files(prefix, keys)
+        removal = remove_files(prefix, [key for key in keys if key is not None])
     except PayloadGCError as exc:
-        removal = FileRemoval(0, 0, (str(exc),), len(keys))
-    problems = (*refused[:5], *removal.problems)
-    return Deletion(removal.files, removal.bytes, problems, len(refused) + removal.problem_count)
+        removal = FileRemoval(0, 0, (str(exc),), len(keys) - len(refused))
+    if not refused:
+        return removal
+    return attrs.evolve(
+        removal,
+        problems=(*refused[:5], *removal.problems),
+        problem_count=removal.problem_count + len(refused),
+    )
 
 
 async def delete_files(
     root: Path, paths: Iterable[str], *, limiter: trio.CapacityLimiter
-) -> Deletion:
+) -> FileRemoval:
     """`unlink_files` in a worker thread."""
     batch = list(paths)
     if not batch:
-        return Deletion(0, 0)
+        return FileRemoval(0, 0)
     return await trio.to_thread.run_sync(unlink_files, root, batch, limiter=limiter)
 
 
@@ -93,7 +84,7 @@ def tree_bytes(root: Path) -> tuple[int, int]:
     """
     try:
         entries = scan_root(root)
-    except (PayloadGCError, RootRefused):
+    except PayloadGCError:
         return 0, 0
     files = size = 0
     for entry in entries:

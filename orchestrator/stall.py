@@ -148,13 +148,7 @@ class StallWatch:
 
     def recent(self, figures: Figures) -> Recent:
         """The counts of `figures` since the last shipped batch (since the start if none)."""
-        base = self._baseline
-        if base is None:
-            return Recent(
-                _grown(figures.discards, {}),
-                _grown(figures.failures, {}),
-                top_error(figures.texts, {}),
-            )
+        base = self._baseline or Figures(0, 0, 0, True, 0, False)
         return Recent(
             _grown(figures.discards, base.discards),
             _grown(figures.failures, base.failures),

@@ -26,7 +26,7 @@ import attrs
 
 from ._errors import PayloadGCError, RootMissing
 from ._mounts import MountId, fd_mount_id
-from ._tree import DIR_FLAGS, open_root
+from ._tree import DIR_FLAGS, Tally, open_root
 from ._versions import version_name
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -74,16 +74,16 @@ def _check_name(name: str) -> None:
 class FileRemoval:
     """What `remove_files` did: files unlinked and the bytes they held (regular files'
     sizes), and one line per thing it refused or failed to delete (kept to the first
-    few; `problem_count` counts them all)."""
+    few, as a collection keeps them; `problem_count` counts them all)."""
 
     files: int
     bytes: int
-    problems: tuple[str, ...]
-    problem_count: int
+    problems: tuple[str, ...] = ()
+    problem_count: int = 0
 
-
-#: A removal keeps this many problem lines; beyond that it only counts them.
-MAX_PROBLEMS_KEPT = 20
+    @classmethod
+    def of(cls, tally: Tally) -> FileRemoval:
+        return cls(tally.files, tally.bytes, tuple(tally.problems), tally.problem_count)
 
 
 class VersionDir:
@@ -215,22 +215,19 @@ class PayloadRootFiles:
         files and directories count as already deleted; a file in a refused version
         directory, a bad name, or a directory entry is left and reported. Never raises
         for any of those."""
-        count = size = problem_count = 0
-        problems: list[str] = []
+        tally = Tally()
         for version, name in files:
             try:
                 freed = self.version(version).unlink(name)
             except (VersionDirMissing, FileNotFoundError):
                 continue
             except (PayloadGCError, OSError) as exc:
-                problem_count += 1
-                if len(problems) < MAX_PROBLEMS_KEPT:
-                    problems.append(_problem_text(self.root, version, name, exc))
+                tally.problem(_problem_text(self.root, version, name, exc))
                 continue
             if freed is not None:
-                count += 1
-                size += freed
-        return FileRemoval(count, size, tuple(problems), problem_count)
+                tally.files += 1
+                tally.bytes += freed
+        return FileRemoval.of(tally)
 
 
 def _is_link(dir_fd: int, name: str) -> bool:
@@ -253,6 +250,6 @@ def remove_files(root: str | os.PathLike[str], files: Iterable[tuple[int, str]])
     try:
         opened = PayloadRootFiles(root)
     except RootMissing:
-        return FileRemoval(0, 0, (), 0)
+        return FileRemoval(0, 0)
     with opened:
         return opened.remove_files(files)

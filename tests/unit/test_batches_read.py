@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 import pytest
+
+if TYPE_CHECKING:
+    from conftest import BindMount
 
 from orchestrator.batches import (
     BATCH_FILE,
@@ -412,6 +415,23 @@ def test_drop_leaves_out_a_sample_whose_bytes_were_corrupted_and_names_it(
         read_batch(batch_dir, on_corrupt="raise")
     # Without verification nothing can tell: nothing is dropped.
     assert read_batch(batch_dir, verify=False, on_corrupt="drop").dropped == ()
+
+
+def test_drop_leaves_out_samples_whose_version_dir_became_a_mount_point(
+    tmp_path: Path, payload_dir: Path, bind_mount: BindMount
+) -> None:
+    # The same files, but the version directory is now a mount point (here: bound onto
+    # itself): the reader refuses it like a link, sample by sample.
+    batch_dir, _ = _three_servers_batch(tmp_path, payload_dir)
+    with bind_mount(payload_dir, payload_dir):
+        batch = read_batch(batch_dir, on_corrupt="drop")
+        assert [s.rollout_id for s in batch.samples] == ["r-inline"]
+        assert [(d.rollout_id, d.reason) for d in batch.dropped] == [
+            (f"r{i}", "bad_payload_file") for i in range(3)
+        ]
+        assert "mount point" in batch.dropped[0].error
+        with pytest.raises(BatchError, match="mount point"):
+            read_batch(batch_dir)
 
 
 @pytest.mark.parametrize("verify", [True, False])
