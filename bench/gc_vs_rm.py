@@ -30,7 +30,7 @@ from pathlib import Path
 import trio
 import trio.lowlevel
 from _report import git_revision, machine, write_section
-from payload_gc import collect_below
+from payload_gc import collect_below, scan_root
 
 PROBE_INTERVAL_S = 0.001
 TARGET_RATIO = 1.0
@@ -187,9 +187,11 @@ def main() -> int:
         os.sync()
         baseline += idle_lags(BASELINE_S)
         gc2_s, gc2_files, lags2 = run_gc(tree_gc, args.versions, args.workers)
-        leftovers = sorted(p.name for p in tree_gc.iterdir()) + sorted(
-            p.name for p in tree_rm.iterdir()
-        )
+        leftovers = [
+            name
+            for tree in (tree_gc, tree_rm)
+            for name in sorted(e.name for e in scan_root(tree, measure=False))
+        ]
         if leftovers != [".payload-gc"]:
             raise SystemExit(f"gc_vs_rm: trees not empty afterwards: {leftovers}")
     finally:

@@ -59,7 +59,7 @@ from pathlib import Path
 import attrs
 import trio
 from _report import git_revision, machine, write_section
-from payload_gc import parse_version
+from payload_gc import PayloadRootFiles, RootMissing, VersionDirMissing
 from system_fleet import (
     REPO,
     ModelShape,
@@ -75,7 +75,7 @@ from system_fleet import (
 )
 
 from orchestrator.daemon import Daemon, RunOutcome
-from orchestrator.payload_disk import tree_bytes
+from orchestrator.payload_disk import payload_file_key, tree_bytes
 
 PLOT = REPO / "docs" / "disk_per_step.png"
 SHAPE = ModelShape(layers=48, top_k=8, num_experts=128)
@@ -101,24 +101,33 @@ EARLY = EarlyDeletions()
 _DAEMON_DELETE = Daemon._delete
 
 
-def sizes_by_version(paths: Sequence[str]) -> Counter[int]:
-    """Bytes of the files at `paths`, summed by their `v<k>` directory. Blocking."""
+def sizes_by_version(root: Path, paths: Sequence[str]) -> Counter[int]:
+    """Bytes of the payload files at `paths` (`<root>/v<k>/<name>`), summed by version and
+    looked up through payload_gc as the daemon deletes them. Blocking."""
     sizes: Counter[int] = Counter()
-    for path in paths:
-        version = parse_version(Path(path).parent.name)
-        try:
-            size = Path(path).lstat().st_size
-        except FileNotFoundError:
-            continue
-        if version is not None:
-            sizes[version] += size
+    try:
+        opened = PayloadRootFiles(root)
+    except RootMissing:
+        return sizes
+    with opened:
+        for path in paths:
+            key = payload_file_key(str(root), path)
+            if key is None:
+                continue
+            version, name = key
+            try:
+                sizes[version] += opened.version(version).lstat(name).st_size
+            except (VersionDirMissing, FileNotFoundError):
+                continue
     return sizes
 
 
 async def _observed_delete(self: Daemon, files: Sequence[str], path: str) -> None:
     """The daemon's deletion, observed (bytes per version) and, when off, skipped."""
     if path in EARLY_PATHS and files:
-        sizes = await trio.to_thread.run_sync(sizes_by_version, list(files))
+        sizes = await trio.to_thread.run_sync(
+            sizes_by_version, self.config.payload_root, list(files)
+        )
         if not EARLY.enabled:
             return
         EARLY.bytes_by_version.update(sizes)

@@ -36,7 +36,7 @@ from pathlib import Path
 import attrs
 import trio
 from _report import git_revision, machine, write_section
-from payload_gc import min_fresh_version
+from payload_gc import min_fresh_version, scan_root
 from system_fleet import (
     ModelShape,
     demo_config,
@@ -49,9 +49,7 @@ from system_fleet import (
     stamp,
 )
 
-from orchestrator.batches import publish_batch
-from orchestrator.progress import Progress, save_progress
-from orchestrator.weights import publish_weights
+from orchestrator.handoff import Progress, publish_batch, publish_weights, save_progress
 
 MAX_OFF_POLICY_STEPS = 2
 SHAPE = ModelShape(layers=4, top_k=2, num_experts=16)
@@ -247,7 +245,9 @@ def main() -> int:
             ["rm", "-rf", "--", *(str(copy / f"v{v}") for v in range(bound))], check=True
         )
         rm_s = time.perf_counter() - rm_started
-        left = sorted(p.name for p in (run_dir / "payloads").iterdir() if p.name.startswith("v"))
+        left = sorted(
+            e.name for e in scan_root(run_dir / "payloads", measure=False) if e.name.startswith("v")
+        )
     finally:
         print(f"{stamp()} removing {base}", flush=True)
         shutil.rmtree(base, ignore_errors=True)

@@ -6,12 +6,12 @@ through the payload reader (DESIGN §5); `read_batch(batch_dir, on_corrupt="drop
 out samples with broken payload files and names them in `Batch.dropped`.
 """
 
-from orchestrator.batches import Batch as Batch
-from orchestrator.batches import BatchError as BatchError
-from orchestrator.batches import DroppedSample as DroppedSample
-from orchestrator.batches import SampleArrays as SampleArrays
-from orchestrator.batches import TrainSample as TrainSample
-from orchestrator.batches import read_batch as read_batch
+from orchestrator.handoff import Batch as Batch
+from orchestrator.handoff import BatchError as BatchError
+from orchestrator.handoff import DroppedSample as DroppedSample
+from orchestrator.handoff import SampleArrays as SampleArrays
+from orchestrator.handoff import TrainSample as TrainSample
+from orchestrator.handoff import read_batch as read_batch
 from orchestrator.payload import PayloadCorrupt as PayloadCorrupt
 from orchestrator.payload import PayloadMissing as PayloadMissing
 

@@ -14,7 +14,6 @@ no event loop).
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import time
@@ -22,22 +21,18 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
 import attrs
-from payload_gc import (
-    CollectionPlan,
-    EntryKind,
-    PayloadGCError,
-    RootEntry,
-    RootMissing,
-    RootRefused,
-    min_fresh_version,
-    plan_collection,
-)
+from payload_gc import CollectionPlan, min_fresh_version, plan_root
 
-from orchestrator.batches import shipped_steps
 from orchestrator.config import Config
 from orchestrator.errors import UserError
-from orchestrator.progress import LOCK_FILE, PROGRESS_FILE, Progress, load_progress
-from orchestrator.weights import published_versions
+from orchestrator.handoff import (
+    LOCK_FILE,
+    PROGRESS_FILE,
+    Progress,
+    load_progress,
+    published_versions,
+    shipped_steps,
+)
 
 __all__ = [
     "DaemonLock",
@@ -264,40 +259,13 @@ def _last(steps: list[int]) -> int:
 
 
 def list_payload_root(root: Path, bound: int) -> CollectionPlan:
-    """Plan a collection of `root` at `bound` from its direct children alone: no directory
-    is entered or measured (every usage is None), so it is cheap however many files the
-    root holds. For the marker and foreign-entry checks before a real collection.
+    """Plan a collection of `root` at `bound` from its direct children alone, listed by
+    payload_gc (no link followed, mount points flagged): no directory is entered or
+    measured (every usage is None), so it is cheap however many files the root holds.
+    For the marker and foreign-entry checks before a real collection.
 
     Raises RootMissing when `root` does not exist, RootRefused when it is a symbolic
-    link (as the collector would), PayloadGCError when it is not a directory or cannot be
-    listed.
+    link or not a directory (as the collector would), PayloadGCError when it cannot be
+    opened.
     """
-    if root.is_symlink():
-        raise RootRefused(
-            f"payload root {root} is a symbolic link; refusing (pass the real directory)"
-        )
-    try:
-        dirents = list(os.scandir(root))
-    except FileNotFoundError:
-        raise RootMissing(f"payload root {root} does not exist") from None
-    except OSError as exc:
-        if exc.errno == errno.ENOTDIR:
-            raise PayloadGCError(f"payload root {root} is not a directory") from None
-        raise PayloadGCError(f"cannot list payload root {root}: {exc.strerror}") from None
-    entries: list[RootEntry] = []
-    for dirent in dirents:
-        try:
-            entries.append(RootEntry(dirent.name, _kind(dirent)))
-        except FileNotFoundError:
-            continue  # vanished while listed
-    return plan_collection(entries, bound)
-
-
-def _kind(dirent: os.DirEntry[str]) -> EntryKind:
-    if dirent.is_symlink():
-        return EntryKind.SYMLINK
-    if dirent.is_dir(follow_symlinks=False):
-        return EntryKind.DIRECTORY
-    if dirent.is_file(follow_symlinks=False):
-        return EntryKind.FILE
-    return EntryKind.OTHER
+    return plan_root(root, bound, measure=False)

@@ -24,14 +24,20 @@ import attrs
 import structlog
 import trio
 
-from orchestrator.batches import TrainSample, publish_batch_async
 from orchestrator.config import Config
 from orchestrator.dispatcher import Dispatcher, DispatchSettings
 from orchestrator.environments import make_environment
+from orchestrator.handoff import Progress, TrainSample, publish_batch_async, save_progress
 from orchestrator.http_clients import open_clients
+from orchestrator.metrics import (
+    CollectionTimes,
+    LoopStats,
+    metrics_registry,
+    serve_loop_lag_monitor,
+    serve_metrics,
+)
 from orchestrator.payload_disk import delete_files, measure_tree
 from orchestrator.policy import PolicySettings, PolicyWatcher
-from orchestrator.progress import Progress, save_progress
 from orchestrator.rollouts import GroupResult
 from orchestrator.run_state import RunState
 from orchestrator.server_pool import ProbeSettings, ServerPool, serve_health_prober
@@ -333,35 +339,22 @@ async def start_metrics(
     nursery: trio.Nursery,
     state: RunState,
     sink: TrainSink,
-    policy: PolicyWatcher,
+    collections: CollectionTimes,
     *,
     sockets: Sequence[socket.socket] = (),
 ) -> None:
     """The Prometheus endpoint and the event-loop lag monitor that feeds it.
 
+    `collections`: what the policy watcher records collection durations in.
     `sockets`: listening sockets already bound to `listen` (`orchestrator.preflight`),
     which the endpoint takes over; without them it binds `listen` itself.
     """
-    from orchestrator.metrics import (
-        CollectionTimes,
-        LoopStats,
-        render_metrics,
-        serve_loop_lag_monitor,
-        serve_metrics,
-        snapshot_from,
-    )
-
-    loop_stats, collections = LoopStats(), CollectionTimes()
-    policy.collection_times = collections
+    loop_stats = LoopStats()
     # 50 ms: a fine enough view of lag for a scrape every few seconds, at ~0.5% of a core.
     await nursery.start(functools.partial(serve_loop_lag_monitor, loop_stats, interval_s=0.05))
+    registry = metrics_registry(state, sink, loop_stats, collections)
     address = await nursery.start(
-        functools.partial(
-            serve_metrics,
-            listen,
-            lambda: render_metrics(snapshot_from(state, sink, loop_stats, collections=collections)),
-            sockets=sockets,
-        )
+        functools.partial(serve_metrics, listen, registry, sockets=sockets)
     )
     log.info("metrics endpoint", address=f"{address[0]}:{address[1]}")
 
@@ -423,8 +416,15 @@ async def run_daemon(
             urls = [*config.inference.urls, *await start_local_fleet(config, nursery)]
             client = clients.control
             pool = ServerPool.of(urls, on_change=state.notify)
+            collections = CollectionTimes() if config.metrics.listen else None
             policy = PolicyWatcher(
-                policy_settings(config), state, client, pool, daemon.sweep, daemon.file_limiter
+                policy_settings(config),
+                state,
+                client,
+                pool,
+                daemon.sweep,
+                daemon.file_limiter,
+                collection_times=collections,
             )
             await nursery.start(
                 serve_health_prober,
@@ -455,13 +455,13 @@ async def run_daemon(
                 daemon.file_limiter,
                 pool,
             )
-            if config.metrics.listen:
+            if collections is not None:
                 await start_metrics(
                     config.metrics.listen,
                     nursery,
                     state,
                     daemon.sink,
-                    policy,
+                    collections,
                     sockets=metrics_sockets,
                 )
             await nursery.start(policy.serve)

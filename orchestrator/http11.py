@@ -44,7 +44,7 @@ import trio
 #: to what arrived: small enough to stay off mmap for the common answer of a few KiB).
 RECEIVE_BYTES = 64 * 1024
 #: The default bound on one answer's body (the daemon sets a tighter one: see
-#: `orchestrator.reply_limits`), and on all bodies being read at once.
+#: `orchestrator.config.reply_limits`), and on all bodies being read at once.
 MAX_RESPONSE_BYTES = 1 << 30
 MAX_BUFFERED_BYTES = 1 << 30
 USER_AGENT = "rollout-orchestrator"

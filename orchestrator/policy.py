@@ -21,12 +21,12 @@ import trio
 import watchfiles
 from payload_gc import PayloadGCError, collect_below, min_fresh_version
 
+from orchestrator.handoff import published_versions, weights_step_dir
 from orchestrator.heap import trim_heap
 from orchestrator.inference_client import InferenceFailure, post_update_weights
 from orchestrator.metrics import CollectionTimes
 from orchestrator.run_state import RunState
 from orchestrator.server_pool import ServerPool
-from orchestrator.weights import published_versions, weights_step_dir
 
 log = structlog.get_logger("orchestrator.policy")
 
@@ -84,7 +84,7 @@ class PolicyWatcher:
     # Called after each collection: sweeps the sink and cancels groups that cannot ship.
     sweep: Callable[[], Awaitable[None]]
     file_limiter: trio.CapacityLimiter
-    # Set when metrics are on: receives each collection's duration.
+    # Given when metrics are on: receives each collection's duration.
     collection_times: CollectionTimes | None = None
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

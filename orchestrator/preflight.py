@@ -27,10 +27,10 @@ from pathlib import Path
 
 import attrs
 
-from orchestrator._metrics_server import BadListenAddress, parse_listen_address
 from orchestrator.config import Config
 from orchestrator.errors import UserError
-from orchestrator.progress import hold_run_lock
+from orchestrator.handoff import hold_run_lock
+from orchestrator.metrics import BadListenAddress, parse_listen_address
 
 
 @attrs.frozen

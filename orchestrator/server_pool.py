@@ -99,7 +99,7 @@ async def serve_health_prober(
     Raises `InferenceUnavailable` when every server has been down for longer than
     `unavailable_deadline_s`.
     """
-    from orchestrator.weights import weights_step_dir
+    from orchestrator.handoff import weights_step_dir
 
     task_status.started()
     while True:

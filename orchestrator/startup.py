@@ -10,10 +10,13 @@ import structlog
 import trio
 from payload_gc import PayloadGCError, wipe_root_async
 
-from orchestrator.batches import remove_partial_batches, shipped_steps
 from orchestrator.errors import UserError
-from orchestrator.progress import load_progress
-from orchestrator.weights import published_versions
+from orchestrator.handoff import (
+    load_progress,
+    published_versions,
+    remove_partial_batches,
+    shipped_steps,
+)
 
 log = structlog.get_logger("orchestrator.startup")
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from payload_gc import human_bytes, parse_version
+from payload_gc import PayloadGCError, RootMissing, human_bytes, scan_root
 
-from orchestrator.batches import shipped_steps
+from orchestrator.handoff import shipped_steps
 from orchestrator.run_state import RunState
 
 
@@ -66,19 +66,8 @@ def check_invariants(
         )
     except (OSError, ValueError, AttributeError, TypeError):
         violations = Invariant("no payload violations", None, "no trainer report to check")
-    versions = (
-        parse_version(entry.name)
-        for entry in (payload_root.iterdir() if payload_root.exists() else [])
-    )
-    stale = sorted(v for v in versions if v is not None and bound is not None and v < bound)
-    collected = Invariant(
-        "collected below bound",
-        None if bound is None else not stale,
-        "no collection ran"
-        if bound is None
-        else (f"only v<k> >= v{bound} remain" if not stale else f"left below v{bound}: {stale}"),
-    )
-    if stopped and stale:
+    collected = _collected_below(payload_root, bound)
+    if stopped and collected.held is False:
         collected = Invariant(
             collected.name,
             None,
@@ -86,6 +75,25 @@ def check_invariants(
             "the next collection removes them",
         )
     return [contiguous, violations, collected]
+
+
+def _collected_below(payload_root: Path, bound: int | None) -> Invariant:
+    """No `v<k>` below `bound` is left in the root, as payload_gc lists it (without
+    following a link). A missing root holds none; one payload_gc refuses is unchecked."""
+    name = "collected below bound"
+    if bound is None:
+        return Invariant(name, None, "no collection ran")
+    try:
+        entries = scan_root(payload_root, measure=False)
+    except RootMissing:
+        entries = []
+    except (PayloadGCError, OSError) as exc:
+        return Invariant(name, None, f"cannot list the payload root: {exc}")
+    versions = (entry.version for entry in entries)
+    stale = sorted(v for v in versions if v is not None and v < bound)
+    if stale:
+        return Invariant(name, False, f"left below v{bound}: {stale}")
+    return Invariant(name, True, f"only v<k> >= v{bound} remain")
 
 
 def _dropped_detail(report: dict[str, Any]) -> str:

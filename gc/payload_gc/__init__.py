@@ -23,6 +23,7 @@ from ._plan import (
     RootEntry,
     Usage,
     plan_collection,
+    unmarked_root_refusal,
 )
 from ._render import human_bytes, plan_json, render_plan, render_report, report_json
 from ._scan import plan_root, scan_root
@@ -76,6 +77,7 @@ __all__ = [
     "render_report",
     "report_json",
     "scan_root",
+    "unmarked_root_refusal",
     "version_name",
     "wipe_root",
     "wipe_root_async",

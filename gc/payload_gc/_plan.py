@@ -1,7 +1,8 @@
 """The collection plan: which direct children of a root go, and why the others stay.
 
 Pure logic over a listing of the root (`RootEntry` values); `_scan.py` produces the
-listing from a real directory.
+listing from a real directory. `unmarked_root_refusal` is the one rule, and the one
+message, for a root that may not be a payload root at all.
 """
 
 from __future__ import annotations
@@ -180,3 +181,33 @@ def plan_collection(entries: Iterable[RootEntry], bound: int) -> CollectionPlan:
     delete.sort(key=lambda d: d.version)
     keep.sort(key=_keep_order)
     return CollectionPlan(bound=bound, delete=tuple(delete), keep=tuple(keep), marked=marked)
+
+
+def unmarked_root_refusal(root: str, plan: CollectionPlan, *, wipe: bool = False) -> str | None:
+    """Why `root` may not be a payload root at all (a mistyped root, a home directory), or
+    `None` when it may be one. The one rule for every command and the wipe.
+
+    A root with the `.payload-root` marker is a payload root. Without it, a collection
+    refuses a root holding entries that are not version directories (`plan.foreign`);
+    a wipe (`wipe=True`), which deletes everything, refuses a root holding any entry but
+    payload_gc's own. The reason is one line naming an example entry and how to mark the
+    root if it really is one. `plan` may be of any bound, measured or not.
+    """
+    if plan.marked:
+        return None
+    if wipe:
+        # Everything a wipe would delete: every entry but the control ones.
+        names = (
+            *(d.name for d in plan.delete),
+            *(k.name for k in plan.keep if k.reason is not KeepReason.CONTROL),
+        )
+        what = "entries a wipe would delete"
+    else:
+        names = plan.foreign
+        what = "entries that are not version directories"
+    if not names:
+        return None
+    return (
+        f"{root} has no {MARKER_NAME} marker and holds {what} (e.g. {names[0]!r}); "
+        f"if it really is a payload root, mark it with `payload-gc --root {root} --init`"
+    )

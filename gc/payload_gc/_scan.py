@@ -46,24 +46,27 @@ def _measured(root_fd: int, entry: RootEntry, root_mount: MountId) -> RootEntry:
     return RootEntry(entry.name, entry.kind, entry.same_filesystem, usage)
 
 
-def scan_root(root: str | os.PathLike[str]) -> list[RootEntry]:
+def scan_root(root: str | os.PathLike[str], *, measure: bool = True) -> list[RootEntry]:
     """List the direct children of `root` without following links, with the files and
-    bytes each version directory holds (so it also serves per-version disk use).
+    bytes each version directory holds (so it also serves per-version disk use). With
+    `measure=False` no directory is entered (every usage is `None`): cheap however many
+    files the root holds. Mount points are flagged either way (`same_filesystem`).
 
     Raises `RootMissing` if `root` does not exist, `RootRefused` if it is a symbolic
-    link or not a directory, `PayloadGCError` if it cannot be read.
+    link or not a directory, `PayloadGCError` if it cannot be opened.
     """
     root_fd = open_root(os.fspath(root))
     try:
-        return list_root(root_fd, measure=True)
+        return list_root(root_fd, measure=measure)
     finally:
         os.close(root_fd)
 
 
-def plan_root(root: str | os.PathLike[str], bound: int) -> CollectionPlan:
+def plan_root(root: str | os.PathLike[str], bound: int, *, measure: bool = True) -> CollectionPlan:
     """Scan `root` and plan a collection at `bound`: what a real collection would delete
-    right now (with files and bytes) and why everything else stays. Deletes nothing.
+    right now (with files and bytes, unless `measure=False`) and why everything else
+    stays. Deletes nothing.
 
     Raises what `scan_root` raises.
     """
-    return plan_collection(scan_root(Path(root)), bound)
+    return plan_collection(scan_root(Path(root), measure=measure), bound)

@@ -19,7 +19,7 @@ from ._errors import PayloadGCError, RootRefused
 from ._layout import CONTROL_NAMES, MARKER_NAME
 from ._lock import HeldLock, open_control_dir, release_and_close, try_acquire, wait_for_lock
 from ._mounts import MountId, fd_mount_id
-from ._plan import EntryKind, RootEntry
+from ._plan import RootEntry, plan_collection, unmarked_root_refusal
 from ._root_guard import refuse_unsafe_root
 from ._scan import list_root
 from ._tree import Tally, open_root, remove_tree
@@ -117,14 +117,10 @@ class _Wipe:
         try:
             root_mount = fd_mount_id(root_fd)
             entries = list_root(root_fd, measure=False, root_mount=root_mount)
-            marked = any(e.name == MARKER_NAME and e.kind is EntryKind.FILE for e in entries)
-            foreign = sorted(e.name for e in entries if e.name not in CONTROL_NAMES)
-            if foreign and not marked:
-                raise RootRefused(
-                    f"refusing to wipe {path}: it holds {len(foreign)} entries "
-                    f"(e.g. {foreign[0]!r}) and no {MARKER_NAME} marker; if it really is "
-                    f"a payload root, mark it with `payload-gc --root {path} --init`"
-                )
+            # Any bound will do: a wipe's refusal only asks what is not payload_gc's own.
+            refusal = unmarked_root_refusal(path, plan_collection(entries, 0), wipe=True)
+            if refusal is not None:
+                raise RootRefused(refusal)
             control_fd = open_control_dir(root_fd, path)
         except BaseException:
             os.close(root_fd)

@@ -21,6 +21,7 @@ from typing import NoReturn
 from ._collect import collect_below_sync
 from ._errors import PayloadGCError
 from ._layout import MARKER_NAME
+from ._plan import unmarked_root_refusal
 from ._render import plan_json, render_plan, render_report, report_json
 from ._scan import plan_root
 from ._versions import min_fresh_version
@@ -106,12 +107,9 @@ def _run(args: argparse.Namespace) -> int:
             return 0
     assert bound is not None  # bound_from_args returns None only with --init
     plan = plan_root(root, bound)
-    if not plan.marked and plan.foreign:
-        raise UsageError(
-            f"{root} has no {MARKER_NAME} marker and holds entries that are not version "
-            f"directories (e.g. {plan.foreign[0]!r}); if it really is a payload root, rerun "
-            "with --init to mark it"
-        )
+    refusal = unmarked_root_refusal(root, plan)
+    if refusal is not None:
+        raise UsageError(refusal)
     if args.dry_run:
         print(plan_json(root, plan) if args.json else render_plan(root, plan))
         return 0

@@ -116,19 +116,18 @@ def bound_from_state(snapshot: RunSnapshot) -> RunBound:
 
 
 def check_payload_root(root: str, plan: CollectionPlan) -> None:
-    """Refuse a root that may not be a payload root at all: no `.payload-root` marker and
-    entries other than version directories (a mistyped `payload.root`, say).
+    """Refuse a root that may not be a payload root at all (a mistyped `payload.root`,
+    say), by payload_gc's rule: `payload_gc.unmarked_root_refusal`.
 
     Raises UserError naming an example entry.
     """
+    from payload_gc import unmarked_root_refusal
+
     from orchestrator.errors import UserError
 
-    if not plan.marked and plan.foreign:
-        raise UserError(
-            f"{root} has no .payload-root marker and holds entries that are not version "
-            f"directories (e.g. {plan.foreign[0]!r}); check payload.root in the config, or "
-            "mark it with payload-gc --root DIR --init if it really is the payload root"
-        )
+    refusal = unmarked_root_refusal(root, plan)
+    if refusal is not None:
+        raise UserError(refusal)
 
 
 # -- output: payload-gc's own, with the line that says where the bound comes from ----

@@ -67,9 +67,9 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
     import structlog
     import trio
 
-    from orchestrator.batches import shipped_steps
     from orchestrator.config import config_from_args
     from orchestrator.daemon import RunOutcome, run_daemon
+    from orchestrator.handoff import shipped_steps
     from orchestrator.logs import configure_logging
     from orchestrator.payload_disk import tree_bytes
     from orchestrator.preflight import preflight

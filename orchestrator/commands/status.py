@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from payload_gc import CollectionPlan, RootEntry
 
     from orchestrator._run_inspect import DaemonLock, RunSnapshot
-    from orchestrator.progress import Progress
+    from orchestrator.handoff import Progress
 
 HELP = "show a run's step, versions, daemon and per-version payload disk use, from disk"
 

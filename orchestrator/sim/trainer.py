@@ -30,10 +30,17 @@ import attrs
 import structlog
 import trio
 
-from orchestrator._durable_files import replace_file_atomically
-from orchestrator.batches import BATCH_FILE, BatchError, DroppedSample, read_batch, wait_for_batch
+from orchestrator.handoff import (
+    BATCH_FILE,
+    BatchError,
+    DroppedSample,
+    latest_published_version,
+    publish_weights,
+    read_batch,
+    wait_for_batch,
+)
+from orchestrator.handoff.durable import replace_file_atomically
 from orchestrator.payload import BadSegment, PayloadCorrupt, PayloadError, PayloadMissing
-from orchestrator.weights import latest_published_version, publish_weights
 
 log = structlog.get_logger("orchestrator.sim.trainer")
 
@@ -90,7 +97,7 @@ class Dropped:
     """A sample the trainer left out of step `step` because its payload files are broken.
 
     `reason` is `payload_corrupt`, `payload_missing` or `bad_payload_file` (see
-    `orchestrator.batches.DroppedSample`); `server` the inference server that generated
+    `orchestrator.handoff.DroppedSample`); `server` the inference server that generated
     it (None when the batch does not say); `file` the payload file concerned.
     """
 

@@ -37,10 +37,15 @@ from _fault_kit import (
 )
 from payload_gc import min_fresh_version
 
-from orchestrator.batches import BATCH_FILE, PARTIAL_BATCH_PREFIX, batch_step_dir, shipped_steps
 from orchestrator.config import Config
-from orchestrator.progress import PROGRESS_FILE
-from orchestrator.weights import published_versions
+from orchestrator.handoff import (
+    BATCH_FILE,
+    PARTIAL_BATCH_PREFIX,
+    PROGRESS_FILE,
+    batch_step_dir,
+    published_versions,
+    shipped_steps,
+)
 
 SEED = 20261129
 PHASES = ("startup", "dispatch", "batch", "collection")

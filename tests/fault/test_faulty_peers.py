@@ -21,7 +21,9 @@ from _fault_kit import run_config, snapshot_tree
 from payload_gc import min_fresh_version
 
 import orchestrator.daemon as daemon_module
-from orchestrator.batches import (
+from orchestrator.config import Config
+from orchestrator.daemon import RunOutcome, run_daemon
+from orchestrator.handoff import (
     BATCH_FILE,
     TrainSample,
     batch_step_dir,
@@ -29,8 +31,6 @@ from orchestrator.batches import (
     read_batch,
     shipped_steps,
 )
-from orchestrator.config import Config
-from orchestrator.daemon import RunOutcome, run_daemon
 from orchestrator.rollouts import GroupResult
 from orchestrator.sim._response import TRAVERSAL_FILE_NAME
 from orchestrator.sink import TrainSink

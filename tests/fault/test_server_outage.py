@@ -26,8 +26,8 @@ from _fault_kit import (
     write_run_config,
 )
 
-from orchestrator.batches import shipped_steps
 from orchestrator.config import Config
+from orchestrator.handoff import shipped_steps
 
 # How long a server stays dead before it is restarted on its port.
 OUTAGE_S = 2.0

@@ -12,10 +12,10 @@ import httpx
 import pytest
 import trio
 
-from orchestrator.batches import shipped_steps
 from orchestrator.config import Config, load_config
 from orchestrator.daemon import RunOutcome, run_daemon
 from orchestrator.errors import UserError
+from orchestrator.handoff import shipped_steps
 from orchestrator.run_state import RunState
 from orchestrator.summary import check_invariants
 

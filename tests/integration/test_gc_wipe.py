@@ -74,6 +74,13 @@ def test_wipe_refuses_a_non_empty_unmarked_directory(tmp_path: Path) -> None:
     assert _names(tmp_path) == before  # not even the control directory was created
 
 
+def test_wipe_refuses_unmarked_version_directories_too(tmp_path: Path) -> None:
+    (tmp_path / "v0").mkdir()
+    with pytest.raises(RootRefused, match=r"no \.payload-root marker and holds entries a wipe"):
+        wipe_root(tmp_path)
+    assert _names(tmp_path) == ["v0"]
+
+
 def test_wipe_refuses_a_symlink(tmp_path: Path) -> None:
     real = tmp_path / "real"
     real.mkdir()

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator.batches import shipped_steps
+from orchestrator.handoff import shipped_steps
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 

@@ -12,7 +12,12 @@ import numpy as np
 import pytest
 import trio
 
-from orchestrator.batches import TrainSample, publish_batch
+from orchestrator.handoff import (
+    TrainSample,
+    latest_published_version,
+    publish_batch,
+    published_versions,
+)
 from orchestrator.payload import (
     encode_inline,
     stitch_inline_masks,
@@ -22,7 +27,6 @@ from orchestrator.payload import (
     write_payload_file,
 )
 from orchestrator.sim.trainer import Dropped, SimTrainerConfig, TrainerStats, serve_trainer
-from orchestrator.weights import latest_published_version, published_versions
 
 PROMPT, COMPLETION, LAYERS, TOP_K = 12, 8, 6, 4
 LENGTH = PROMPT + COMPLETION

@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.batches import TrainSample, publish_batch
 from orchestrator.cli import main
+from orchestrator.handoff import TrainSample, publish_batch, published_versions
 from orchestrator.payload import stitch_routing, write_payload_file
-from orchestrator.weights import published_versions
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 

@@ -15,10 +15,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.batches import TrainSample, publish_batch
 from orchestrator.cli import main
-from orchestrator.progress import Progress, save_progress
-from orchestrator.weights import publish_weights
+from orchestrator.handoff import (
+    Progress,
+    TrainSample,
+    publish_batch,
+    publish_weights,
+    save_progress,
+)
 
 VERSIONS = 12  # v0..v11 on disk
 APPLIED = 10  # the DESIGN §3 test vector: m = 2, v10 applied
@@ -144,7 +148,7 @@ def _held_by_child(code: str, *args: str) -> Iterator[int]:
 _HOLD_DAEMON_LOCK = """
 import sys
 from pathlib import Path
-from orchestrator.progress import hold_run_lock
+from orchestrator.handoff import hold_run_lock
 with hold_run_lock(Path(sys.argv[1])):
     print("ready", flush=True)
     sys.stdin.read()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.progress import (
+from orchestrator.handoff import (
     PROGRESS_FILE,
     Progress,
     hold_run_lock,

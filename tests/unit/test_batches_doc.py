@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from orchestrator.batches import TrainSample, publish_batch, read_batch
+from orchestrator.handoff import TrainSample, publish_batch, read_batch
 from orchestrator.payload import (
     FinalTokenRoute,
     encode_inline,

@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 import pytest
 
-from orchestrator.batches import (
+from orchestrator.handoff import (
     BATCH_FORMAT,
     BatchError,
     TrainSample,

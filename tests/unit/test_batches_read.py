@@ -14,7 +14,7 @@ import pytest
 if TYPE_CHECKING:
     from conftest import BindMount
 
-from orchestrator.batches import (
+from orchestrator.handoff import (
     BATCH_FILE,
     BatchError,
     TrainSample,

@@ -9,7 +9,7 @@ from unittest import mock
 import pytest
 import trio
 
-from orchestrator.batches import (
+from orchestrator.handoff import (
     BATCH_FILE,
     BatchExists,
     TrainSample,
@@ -118,7 +118,7 @@ def test_a_crash_mid_publish_leaves_no_visible_batch(tmp_path: Path) -> None:
 
 def test_a_failed_write_removes_the_temp_dir(tmp_path: Path) -> None:
     with (
-        mock.patch("orchestrator._batch_store.write_file_synced", side_effect=OSError(28, "full")),
+        mock.patch("orchestrator.handoff.store.write_file_synced", side_effect=OSError(28, "full")),
         pytest.raises(OSError, match="full"),
     ):
         publish_batch(tmp_path, 6, [sample()])

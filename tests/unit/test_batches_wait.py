@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 
-from orchestrator.batches import is_complete_batch, publish_batch, wait_for_batch
+from orchestrator.handoff import is_complete_batch, publish_batch, wait_for_batch
 
 
 async def test_returns_at_once_when_the_batch_is_shipped(
@@ -50,7 +50,7 @@ async def test_a_missed_event_is_caught_by_the_periodic_check(
         # checks off their schedule: check on the loop (tmp_path is a local disk).
         return is_complete_batch(batch_dir)
 
-    monkeypatch.setattr("orchestrator._batch_wait._is_shipped", check_in_loop)
+    monkeypatch.setattr("orchestrator.handoff.wait._is_shipped", check_in_loop)
     start = trio.current_time()
     found: list[tuple[float, Path]] = []
 

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator._config_toml import format_toml_value
 from orchestrator.config import (
     BatchConfig,
     Config,
@@ -23,6 +22,7 @@ from orchestrator.config import (
     config_to_toml,
     load_config,
 )
+from orchestrator.config.errors import format_toml_value
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -155,3 +155,9 @@ def test_values_toml_cannot_hold_are_refused() -> None:
         format_toml_value(None)
     with pytest.raises(TypeError):
         format_toml_value({"a": 1})
+
+
+def test_values_in_messages_stay_on_one_line() -> None:
+    # tomli-w spreads an array over several lines; a message keeps it on one.
+    assert format_toml_value(("a", Path("/b"), 1.0)) == '["a", "/b", 1.0]'
+    assert format_toml_value("tab\there\n") == '"tab\there\\n"'

@@ -9,6 +9,7 @@ from payload_gc import (
     Usage,
     min_fresh_version,
     plan_collection,
+    unmarked_root_refusal,
 )
 
 
@@ -94,3 +95,26 @@ def test_only_versions_and_control_entries_are_not_foreign() -> None:
     plan = plan_collection([*_dirs("v0", "v5"), RootEntry(".payload-gc", EntryKind.DIRECTORY)], 3)
     assert plan.foreign == ()
     assert not plan.marked
+
+
+def test_an_unmarked_root_with_foreign_entries_is_refused_in_one_line() -> None:
+    entries = [*_dirs("v0", "v1"), RootEntry("notes.txt", EntryKind.FILE)]
+    assert unmarked_root_refusal("/r", plan_collection(entries, 1)) == (
+        "/r has no .payload-root marker and holds entries that are not version directories "
+        "(e.g. 'notes.txt'); if it really is a payload root, mark it with "
+        "`payload-gc --root /r --init`"
+    )
+    marked = plan_collection([*entries, RootEntry(".payload-root", EntryKind.FILE)], 1)
+    assert unmarked_root_refusal("/r", marked) is None
+    assert unmarked_root_refusal("/r", marked, wipe=True) is None
+
+
+def test_a_wipe_refuses_any_unmarked_entry_a_collection_only_foreign_ones() -> None:
+    control = RootEntry(".payload-gc", EntryKind.DIRECTORY)
+    plan = plan_collection([*_dirs("v3", "v0"), control], 2)
+    assert unmarked_root_refusal("/r", plan) is None
+    assert unmarked_root_refusal("/r", plan, wipe=True) == (
+        "/r has no .payload-root marker and holds entries a wipe would delete (e.g. 'v0'); "
+        "if it really is a payload root, mark it with `payload-gc --root /r --init`"
+    )
+    assert unmarked_root_refusal("/r", plan_collection([control], 2), wipe=True) is None

@@ -1,5 +1,6 @@
-"""render_metrics: the daemon's figures in the Prometheus text format, checked by parsing
-the output with a small exposition-format parser written here, independent of the code."""
+"""The daemon's metrics registry: its figures as prometheus-client encodes them, checked by
+parsing the output with a small exposition-format parser written here, independent of the
+code and of the library."""
 
 from __future__ import annotations
 
@@ -8,17 +9,13 @@ import re
 from collections import Counter
 
 import attrs
+import prometheus_client
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import generate_latest
 
-from orchestrator.metrics import (
-    CollectionTimes,
-    LoopStats,
-    MetricsSnapshot,
-    render_metrics,
-    snapshot_from,
-)
+from orchestrator.metrics import CollectionTimes, LoopStats, metrics_registry
 from orchestrator.rollouts import Discard, GroupResult, RolloutResult, Sample
 from orchestrator.run_state import RunState
 from orchestrator.sink import SinkLimits, TrainSink
@@ -197,6 +194,17 @@ FAMILIES = {
 }
 
 
+def render_metrics(
+    state: RunState,
+    sink: TrainSink,
+    loop: LoopStats | None = None,
+    collections: CollectionTimes | None = None,
+) -> str:
+    """What a scrape of a daemon with this state, sink and recorders returns."""
+    registry = metrics_registry(state, sink, loop or LoopStats(), collections or CollectionTimes())
+    return generate_latest(registry).decode("utf-8")
+
+
 def _render_busy() -> tuple[RunState, TrainSink, dict[str, Family]]:
     state, sink = busy_state(), busy_sink()
     loop = LoopStats()
@@ -205,7 +213,7 @@ def _render_busy() -> tuple[RunState, TrainSink, dict[str, Family]]:
     collections = CollectionTimes()
     for seconds in (0.02, 0.3, 7.5):
         collections.observe_collection(seconds)
-    text = render_metrics(snapshot_from(state, sink, loop, collections=collections))
+    text = render_metrics(state, sink, loop, collections)
     return state, sink, parse_exposition(text)
 
 
@@ -249,7 +257,7 @@ def test_every_discard_reason_is_reported_with_the_sink_counts() -> None:
 
 def test_a_new_sink_reports_every_discard_reason_at_zero() -> None:
     state = RunState(max_off_policy_steps=1, max_async_steps=1, max_steps=0)
-    families = parse_exposition(render_metrics(snapshot_from(state, TrainSink(LIMITS))))
+    families = parse_exposition(render_metrics(state, TrainSink(LIMITS)))
     samples = families["orchestrator_discards_total"].samples
     assert {dict(labels)["reason"]: count for (_, labels), count in samples.items()} == {
         reason.value: 0 for reason in Discard
@@ -303,29 +311,27 @@ def test_histograms_are_cumulative_and_end_with_inf() -> None:
 
 def test_unknown_figures_are_announced_without_a_sample() -> None:
     state = RunState(max_off_policy_steps=1, max_async_steps=1, max_steps=0)
-    families = parse_exposition(render_metrics(snapshot_from(state, TrainSink(LIMITS))))
+    families = parse_exposition(render_metrics(state, TrainSink(LIMITS)))
     for name in (
         "orchestrator_collection_bound",  # no collection yet
-        "orchestrator_collection_duration_seconds",  # no recorder given
         "orchestrator_collection_last_duration_seconds",
-        "orchestrator_event_loop_lag_seconds",  # no monitor
-        "orchestrator_event_loop_worst_lag_seconds",
+        "orchestrator_event_loop_worst_lag_seconds",  # the monitor has not woken yet
     ):
         assert families[name].type == FAMILIES[name]
         assert families[name].samples == {}, name
     # An idle recorder is a measurement: zero observations, not an unknown.
-    with_recorder = snapshot_from(state, TrainSink(LIMITS), collections=CollectionTimes())
-    families = parse_exposition(render_metrics(with_recorder))
-    assert value(families, "orchestrator_collection_duration_seconds_count") == 0
-    assert families["orchestrator_collection_last_duration_seconds"].samples == {}
+    for name in ("orchestrator_collection_duration_seconds", "orchestrator_event_loop_lag_seconds"):
+        assert value(families, f"{name}_count") == 0
+        assert value(families, f"{name}_sum") == 0
+        assert value(families, f"{name}_bucket", le="+Inf") == 0
 
 
 def test_label_values_are_escaped() -> None:
     state = RunState(max_off_policy_steps=1, max_async_steps=1, max_steps=0)
     nasty = 'say "hi"\\now\nnext line'
     state.failures[nasty] = 4
-    text = render_metrics(snapshot_from(state, TrainSink(LIMITS)))
-    assert 'kind="say \\"hi\\"\\\\now\\nnext line"} 4\n' in text
+    text = render_metrics(state, TrainSink(LIMITS))
+    assert 'kind="say \\"hi\\"\\\\now\\nnext line"} 4.0\n' in text
     families = parse_exposition(text)
     assert value(families, "orchestrator_rollout_failures_total", kind=nasty) == 4
 
@@ -335,16 +341,35 @@ def test_label_values_are_escaped() -> None:
 def test_any_label_value_survives_a_round_trip(kinds: dict[str, int]) -> None:
     state = RunState(max_off_policy_steps=1, max_async_steps=1, max_steps=0)
     state.failures = Counter(kinds)
-    families = parse_exposition(render_metrics(snapshot_from(state, TrainSink(LIMITS))))
+    families = parse_exposition(render_metrics(state, TrainSink(LIMITS)))
     for kind, count in kinds.items():
         assert value(families, "orchestrator_rollout_failures_total", kind=kind) == count
 
 
-def test_the_snapshot_is_a_copy() -> None:
+def test_each_registry_reads_its_own_run_and_the_global_registry_is_untouched() -> None:
+    # Tests start several daemons in one process: each has a registry of its own.
+    first, second = busy_state(), RunState(max_off_policy_steps=1, max_async_steps=1, max_steps=0)
+    first_times, second_times = CollectionTimes(), CollectionTimes()
+    first_times.observe_collection(1.0)
+    registries = [
+        metrics_registry(first, busy_sink(), LoopStats(), first_times),
+        metrics_registry(second, TrainSink(LIMITS), LoopStats(), second_times),
+    ]
+    completed = ("orchestrator_rollouts_total", {"outcome": "completed"})
+    assert [r.get_sample_value(*completed) for r in registries] == [40, 0]
+    count = "orchestrator_collection_duration_seconds_count"
+    assert [r.get_sample_value(count) for r in registries] == [1, 0]
+    default = generate_latest(prometheus_client.REGISTRY).decode()
+    assert "orchestrator_" not in default
+
+
+def test_a_scrape_reads_the_state_at_scrape_time() -> None:
     state, sink = busy_state(), busy_sink()
-    snapshot = snapshot_from(state, sink)
+    registry = metrics_registry(state, sink, LoopStats(), CollectionTimes())
+    completed = ("orchestrator_rollouts_total", {"outcome": "completed"})
+    assert registry.get_sample_value(*completed) == 40
     state.rollouts["completed"] += 100
     state.applied_version += 1
-    assert isinstance(snapshot, MetricsSnapshot)
-    assert dict(snapshot.rollouts)["completed"] == 40
-    assert snapshot.applied_version == 3
+    assert registry.get_sample_value(*completed) == 140
+    assert registry.get_sample_value("orchestrator_applied_version") == 4
+    assert registry.get_sample_value("orchestrator_staleness_steps") == 6 - 1 - 4

@@ -19,7 +19,7 @@ from orchestrator.config import (
     SimConfig,
     load_config,
 )
-from orchestrator.reply_limits import (
+from orchestrator.config.reply_limits import (
     GIB,
     INLINE_REPLY_BYTES,
     MIB,

@@ -22,11 +22,17 @@ from orchestrator._run_inspect import (
     probe_daemon_lock,
     read_run_snapshot,
 )
-from orchestrator.batches import TrainSample, publish_batch
 from orchestrator.config import Config, SimConfig, StalenessConfig
 from orchestrator.errors import UserError
-from orchestrator.progress import LOCK_FILE, Progress, hold_run_lock, save_progress
-from orchestrator.weights import publish_weights
+from orchestrator.handoff import (
+    LOCK_FILE,
+    Progress,
+    TrainSample,
+    hold_run_lock,
+    publish_batch,
+    publish_weights,
+    save_progress,
+)
 
 # -- bounds (DESIGN §3) -----------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.batches import TrainSample, publish_batch
+from orchestrator.handoff import TrainSample, publish_batch
 from orchestrator.run_state import RunState
 from orchestrator.summary import check_invariants, invariants_hold, render_summary, summary_data
 
@@ -77,3 +77,14 @@ def test_dropped_samples_are_shown_by_server_and_fail_nothing(tmp_path: Path) ->
     data = summary_data(state, {}, invariants, duration_s=1.0, first_step=1)
     assert invariants_hold(data)
     assert "4 samples dropped" in render_summary(data)
+
+
+def test_a_payload_root_payload_gc_refuses_is_not_checked(tmp_path: Path) -> None:
+    paths = layout(tmp_path, [1], ["v0"], violations=0)
+    real = paths["payload_root"].rename(tmp_path / "real")
+    paths["payload_root"].symlink_to(real, target_is_directory=True)
+    collected = check_invariants(**paths, last_step=1, bound=2)[2]
+    assert collected.held is None
+    assert "is a symbolic link" in collected.detail
+    paths["payload_root"].unlink()
+    assert check_invariants(**paths, last_step=1, bound=2)[2].held is True

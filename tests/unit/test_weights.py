@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.weights import (
+from orchestrator.handoff import (
     MODEL_FILE,
     STABLE_MARKER,
     WEIGHTS_FORMAT,

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from orchestrator._config_checks import (
+from orchestrator.config.checks import (
     at_least,
     dangerous_root_problem,
     distinct_items,
@@ -25,13 +25,13 @@ from orchestrator._config_checks import (
     not_above_sibling,
     not_below_sibling,
 )
-from orchestrator._config_errors import InvalidValue
-from orchestrator.payload import RoutingShape
-from orchestrator.reply_limits import (
+from orchestrator.config.errors import InvalidValue
+from orchestrator.config.reply_limits import (
     ModelShape,
     derived_max_buffered_reply_bytes,
     derived_max_reply_bytes,
 )
+from orchestrator.payload import RoutingShape
 
 PayloadMode = Literal["auto", "by_handle", "inline"]
 PayloadField = Literal["routed_experts", "sampling_mask"]
@@ -131,7 +131,7 @@ class InferenceConfig:
     disaggregated: bool = False
     multi_node: bool = False
     # Bytes of one generate reply read before it is refused ("oversized"); 0 derives the
-    # cap from the payload mode (Config.max_reply_bytes, orchestrator.reply_limits).
+    # cap from the payload mode (Config.max_reply_bytes, orchestrator.config.reply_limits).
     max_reply_bytes: int = attrs.field(default=0, validator=at_least(0))
     # Bytes all in-flight generate replies may hold together; 0 derives it.
     max_buffered_reply_bytes: int = attrs.field(default=0, validator=at_least(0))
@@ -311,7 +311,7 @@ class Config:
         """The most bytes of one generate reply the daemon reads: `inference.max_reply_bytes`,
         or derived from the payload mode, `env.max_tokens` and the prompt bound (the larger
         of `batch.max_seq_len` and every turn's tokens), and the model's routing shape when
-        the config knows it (`routing_shape`; see `orchestrator.reply_limits`)."""
+        the config knows it (`routing_shape`; see `orchestrator.config.reply_limits`)."""
         if self.inference.max_reply_bytes:
             return self.inference.max_reply_bytes
         env, shape = self.env, self.routing_shape

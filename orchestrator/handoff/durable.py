@@ -1,8 +1,10 @@
 """Crash-safe file writes for the shared filesystem: temp file, fsync, rename, fsync dir.
 
 A reader on another host must see either nothing or the whole file, and a power loss
-must not leave a name pointing at a half-written file. All functions block: call them
-from a worker thread in async code.
+must not leave a name pointing at a half-written file. Whatever is written under a temp
+name (a file here, a batch directory in `store`) is named by `temp_name`, so a leftover
+of a write cut short by a crash is recognised by `TEMP_PREFIX`. All functions block: call
+them from a worker thread in async code.
 """
 
 from __future__ import annotations
@@ -10,6 +12,14 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+
+# Every temp name starts with this, and no name that readers look for does.
+TEMP_PREFIX = ".tmp-"
+
+
+def temp_name(name: str) -> str:
+    """A fresh hidden temp name to build `name` under: `.tmp-<name>-<8 hex digits>`."""
+    return f"{TEMP_PREFIX}{name}-{secrets.token_hex(4)}"
 
 
 def fsync_dir(path: Path) -> None:
@@ -48,7 +58,7 @@ def replace_file_atomically(path: Path, data: bytes, *, fsync: bool = True) -> N
     renamed over `path`; the directory is fsynced last so the rename survives a crash.
     The temp file is removed when anything fails. Raises OSError.
     """
-    temp = path.with_name(f".tmp-{path.name}-{secrets.token_hex(4)}")
+    temp = path.with_name(temp_name(path.name))
     try:
         write_file_synced(temp, data, fsync=fsync)
         temp.replace(path)

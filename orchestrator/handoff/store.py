@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import functools
 import os
-import secrets
 import shutil
 import time
 from collections.abc import Sequence
@@ -20,12 +19,12 @@ from pathlib import Path
 
 import trio
 
-from orchestrator._batch_format import BATCH_FILE, TrainSample, encode_batch
-from orchestrator._durable_files import fsync_dir, write_file_synced
-from orchestrator._step_dirs import complete_steps, step_dir_name
+from orchestrator.handoff.durable import TEMP_PREFIX, fsync_dir, temp_name, write_file_synced
+from orchestrator.handoff.format import BATCH_FILE, TrainSample, encode_batch
+from orchestrator.handoff.step_dirs import complete_steps, is_complete_step_dir, step_dir
 
 # Leftovers of a publish cut short by a crash start with this; nothing else does.
-PARTIAL_BATCH_PREFIX = ".tmp-"
+PARTIAL_BATCH_PREFIX = TEMP_PREFIX
 
 
 class BatchExists(FileExistsError):
@@ -37,7 +36,7 @@ def batch_step_dir(batches_dir: Path, step: int) -> Path:
 
     Raises ValueError for a negative step.
     """
-    return batches_dir / step_dir_name(step)
+    return step_dir(batches_dir, step)
 
 
 def publish_batch(
@@ -62,7 +61,7 @@ def publish_batch(
     batches_dir.mkdir(parents=True, exist_ok=True)
     if is_complete_batch(final_dir):
         raise BatchExists(errno.EEXIST, "batch already shipped", str(final_dir))
-    temp_dir = batches_dir / f"{PARTIAL_BATCH_PREFIX}{final_dir.name}-{secrets.token_hex(4)}"
+    temp_dir = batches_dir / temp_name(final_dir.name)
     temp_dir.mkdir()
     try:
         write_file_synced(temp_dir / BATCH_FILE, data, fsync=fsync)
@@ -101,7 +100,7 @@ async def publish_batch_async(
 
 def is_complete_batch(batch_dir: Path) -> bool:
     """Whether `batch_dir` is a shipped batch: a real directory holding `batch.json`."""
-    return batch_dir.is_dir() and not batch_dir.is_symlink() and (batch_dir / BATCH_FILE).is_file()
+    return is_complete_step_dir(batch_dir, BATCH_FILE)
 
 
 def shipped_steps(batches_dir: Path) -> list[int]:

@@ -11,19 +11,18 @@ code.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from orchestrator._durable_files import fsync_dir, replace_file_atomically
-from orchestrator._step_dirs import complete_steps, parse_step_dir, step_dir_name
+from orchestrator.handoff.durable import fsync_dir, replace_file_atomically
+from orchestrator.handoff.format import json_line
+from orchestrator.handoff.step_dirs import complete_steps, step_dir
 
 __all__ = [
     "MODEL_FILE",
     "STABLE_MARKER",
     "WEIGHTS_FORMAT",
     "latest_published_version",
-    "parse_step_dir",
     "publish_weights",
     "published_versions",
     "weights_step_dir",
@@ -39,7 +38,7 @@ def weights_step_dir(weights_dir: Path, step: int) -> Path:
 
     Raises ValueError for a negative step.
     """
-    return weights_dir / step_dir_name(step)
+    return step_dir(weights_dir, step)
 
 
 def publish_weights(weights_dir: Path, step: int, *, fsync: bool = True) -> Path:
@@ -55,18 +54,18 @@ def publish_weights(weights_dir: Path, step: int, *, fsync: bool = True) -> Path
     """
     if step < 1:
         raise ValueError(f"weights are published for steps >= 1 (v0 is implicit), got {step}")
-    step_dir = weights_step_dir(weights_dir, step)
+    version_dir = weights_step_dir(weights_dir, step)
     created_parent = not weights_dir.exists()
-    step_dir.mkdir(parents=True, exist_ok=True)
+    version_dir.mkdir(parents=True, exist_ok=True)
     if fsync:
         # The new directory name must be durable before the marker inside it means anything.
         fsync_dir(weights_dir)
         if created_parent:
             fsync_dir(weights_dir.parent)
     model = {"format": WEIGHTS_FORMAT, "step": step, "created_at": time.time()}
-    replace_file_atomically(step_dir / MODEL_FILE, _json_bytes(model), fsync=fsync)
-    replace_file_atomically(step_dir / STABLE_MARKER, b"", fsync=fsync)
-    return step_dir
+    replace_file_atomically(version_dir / MODEL_FILE, json_line(model), fsync=fsync)
+    replace_file_atomically(version_dir / STABLE_MARKER, b"", fsync=fsync)
+    return version_dir
 
 
 def published_versions(weights_dir: Path, *, above: int = -1) -> list[int]:
@@ -89,7 +88,3 @@ def latest_published_version(weights_dir: Path) -> int:
     """
     versions = published_versions(weights_dir)
     return versions[-1] if versions else 0
-
-
-def _json_bytes(obj: object) -> bytes:
-    return (json.dumps(obj, allow_nan=False, separators=(",", ":")) + "\n").encode()

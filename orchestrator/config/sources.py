@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from orchestrator._config_errors import ConfigError
+from orchestrator.config.errors import ConfigError
 
 # A dotted key of TOML bare keys: `run_dir`, `staleness.max_off_policy_steps`.
 _DOTTED_KEY = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")

@@ -14,8 +14,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from orchestrator._config_errors import InvalidValue
-from orchestrator._config_toml import format_toml_value
+from orchestrator.config.errors import InvalidValue, format_toml_value
 
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 

@@ -1,7 +1,8 @@
-"""Names of the per-step directories of the trainer hand-off: `step_000007`.
+"""The per-step directories of the trainer hand-off: `step_000007`, and when one is complete.
 
-Batches (`<batches_dir>/step_000007/`) and weights (`<weights_dir>/step_000007/STABLE`)
-share one naming rule, so it lives here once.
+Batches (`<batches_dir>/step_000007/batch.json`) and weights
+(`<weights_dir>/step_000007/STABLE`) share one naming rule and one completeness rule (a
+real directory holding its marker file, written last), so they live here once.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ def step_dir_name(step: int) -> str:
     return f"{STEP_DIR_PREFIX}{step:0{STEP_DIR_DIGITS}d}"
 
 
+def step_dir(parent: Path, step: int) -> Path:
+    """The directory of step `step` in `parent`: `<parent>/step_000007`.
+
+    Raises ValueError for a negative step.
+    """
+    return parent / step_dir_name(step)
+
+
 def parse_step_dir(name: str) -> int | None:
     """The step a directory name stands for, or None when it is not a step directory.
 
@@ -42,12 +51,23 @@ def parse_step_dir(name: str) -> int | None:
     return step if step_dir_name(step) == name else None
 
 
-def complete_steps(directory: Path, marker: str, *, above: int = -1) -> list[int]:
-    """The steps above `above` whose directory in `directory` holds the file `marker`,
-    sorted. Blocking: one listing, and one `stat` per step directory above `above`.
+def is_complete_step_dir(path: Path, marker: str) -> bool:
+    """Whether `path` is a complete step directory: a real directory (not a symbolic link)
+    holding the file `marker`. Blocking.
 
-    Only canonical step directories count, never through a symbolic link; a directory
-    without the marker (written, or cut short, right now) is not complete. A missing
+    A directory without the marker (being written, or cut short, right now) is not
+    complete.
+    """
+    return path.is_dir() and not path.is_symlink() and (path / marker).is_file()
+
+
+def complete_steps(directory: Path, marker: str, *, above: int = -1) -> list[int]:
+    """The steps above `above` whose directory in `directory` is complete (holds the file
+    `marker`), sorted. Blocking: one listing, and one `stat` per step directory above
+    `above`.
+
+    Only canonical step directories count, by the rule of `is_complete_step_dir` (checked
+    here from the listing's file types, to spare a `stat` per directory). A missing
     `directory` means none. Raises OSError when it exists but cannot be listed.
     """
     try:

@@ -20,8 +20,7 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn
 
-from orchestrator._config_errors import InvalidValue
-from orchestrator._config_toml import quote_toml_string
+from orchestrator.config.errors import InvalidValue, format_toml_value
 
 Hook = Callable[[Any, Any], Any]
 
@@ -107,14 +106,14 @@ def _is_literal(cls: Any) -> bool:
 
 def _literal_hook(cls: Any) -> Hook:
     choices = typing.get_args(cls)
-    spelled = ", ".join(quote_toml_string(str(choice)) for choice in choices)
+    spelled = ", ".join(format_toml_value(str(choice)) for choice in choices)
 
     def structure_literal(value: object, _: type) -> object:
         if not isinstance(value, str):
             raise _wrong_type(f"one of {spelled}", value)
         if value not in choices:
             close = difflib.get_close_matches(value, [str(c) for c in choices], n=1)
-            hint = f" (did you mean {quote_toml_string(close[0])}?)" if close else ""
+            hint = f" (did you mean {format_toml_value(close[0])}?)" if close else ""
             raise InvalidValue(f"must be one of {spelled}{hint}", value=value)
         return value
 

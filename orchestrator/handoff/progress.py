@@ -24,8 +24,8 @@ from typing import Any
 
 import attrs
 
-from orchestrator._durable_files import replace_file_atomically
 from orchestrator.errors import UserError
+from orchestrator.handoff.durable import replace_file_atomically
 from orchestrator.rejections import TopError
 
 PROGRESS_FILE = "progress.json"

@@ -8,7 +8,7 @@ from pathlib import Path
 import trio
 import watchfiles
 
-from orchestrator._batch_store import batch_step_dir, is_complete_batch
+from orchestrator.handoff.store import batch_step_dir, is_complete_batch
 
 _MAX_WAKE_MS = 500
 

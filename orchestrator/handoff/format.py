@@ -234,7 +234,16 @@ def encode_batch(step: int, samples: Sequence[TrainSample], *, created_at: float
         "created_at": created_at,
         "samples": [sample.to_json() for sample in samples],
     }
-    return (json.dumps(document, allow_nan=False, separators=(",", ":")) + "\n").encode()
+    return json_line(document)
+
+
+def json_line(obj: object) -> bytes:
+    """`obj` as the hand-off writes JSON files (`batch.json`, weights' `model.json`):
+    compact UTF-8 JSON on one line, ending in a newline.
+
+    Raises ValueError for a non-finite float.
+    """
+    return (json.dumps(obj, allow_nan=False, separators=(",", ":")) + "\n").encode()
 
 
 def decode_batch(data: bytes, *, source: str) -> BatchDocument:

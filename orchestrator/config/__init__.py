@@ -3,43 +3,42 @@
 `load_config` reads the file, applies the overrides and builds a `Config`; every problem
 (a misspelt key, a wrong type, an impossible value, a rule across keys) is a ConfigError
 whose message is one line naming the file and the dotted key. The sections and their
-rules live in `_config_sections`; this module is the public face.
+rules live in `orchestrator.config.sections` (with `checks`, `converter`, `errors`,
+`sources`, `reply_limits`, and `toml` for writing it back); this module is the public face.
 """
 
 from __future__ import annotations
 
 import argparse
-import typing
 from collections.abc import Sequence
 from pathlib import Path
 
-import attrs
 from cattrs.errors import BaseValidationError
 
-from orchestrator._config_converter import make_config_converter
-from orchestrator._config_errors import ConfigError, InvalidValue, first_problem
-from orchestrator._config_sections import BatchConfig as BatchConfig
-from orchestrator._config_sections import Config as Config
-from orchestrator._config_sections import EnvConfig as EnvConfig
-from orchestrator._config_sections import EnvName as EnvName
-from orchestrator._config_sections import FinalTokenRoute as FinalTokenRoute
-from orchestrator._config_sections import InferenceConfig as InferenceConfig
-from orchestrator._config_sections import MetricsConfig as MetricsConfig
-from orchestrator._config_sections import PayloadConfig as PayloadConfig
-from orchestrator._config_sections import PayloadField as PayloadField
-from orchestrator._config_sections import PayloadMode as PayloadMode
-from orchestrator._config_sections import ProgressConfig as ProgressConfig
-from orchestrator._config_sections import ShutdownConfig as ShutdownConfig
-from orchestrator._config_sections import SimConfig as SimConfig
-from orchestrator._config_sections import StalenessConfig as StalenessConfig
-from orchestrator._config_sections import TrainerConfig as TrainerConfig
-from orchestrator._config_sources import (
+from orchestrator.config.converter import make_config_converter
+from orchestrator.config.errors import ConfigError, InvalidValue, first_problem
+from orchestrator.config.sections import BatchConfig as BatchConfig
+from orchestrator.config.sections import Config as Config
+from orchestrator.config.sections import EnvConfig as EnvConfig
+from orchestrator.config.sections import EnvName as EnvName
+from orchestrator.config.sections import FinalTokenRoute as FinalTokenRoute
+from orchestrator.config.sections import InferenceConfig as InferenceConfig
+from orchestrator.config.sections import MetricsConfig as MetricsConfig
+from orchestrator.config.sections import PayloadConfig as PayloadConfig
+from orchestrator.config.sections import PayloadField as PayloadField
+from orchestrator.config.sections import PayloadMode as PayloadMode
+from orchestrator.config.sections import ProgressConfig as ProgressConfig
+from orchestrator.config.sections import ShutdownConfig as ShutdownConfig
+from orchestrator.config.sections import SimConfig as SimConfig
+from orchestrator.config.sections import StalenessConfig as StalenessConfig
+from orchestrator.config.sections import TrainerConfig as TrainerConfig
+from orchestrator.config.sources import (
     Override,
     apply_overrides,
     parse_override,
     read_toml_file,
 )
-from orchestrator._config_toml import format_toml_table
+from orchestrator.config.toml import config_to_toml as config_to_toml
 
 __all__ = [
     "BatchConfig",
@@ -119,41 +118,3 @@ def config_from_args(args: argparse.Namespace) -> Config:
     """The Config named by arguments added with `add_config_arguments`; raises ConfigError."""
     overrides: list[str] = args.overrides
     return load_config(Path(args.config), overrides)
-
-
-def config_to_toml(config: Config) -> str:
-    """The config as TOML that `load_config` reads back to an equal Config.
-
-    Every key is written, defaults included; a directory left to its default (None) is
-    written as a comment saying what it resolves to.
-    """
-    top: dict[str, object] = {}
-    tables: list[str] = []
-    for field in attrs.fields(Config):
-        value = getattr(config, field.name)
-        if attrs.has(type(value)):
-            section = typing.cast(attrs.AttrsInstance, value)
-            tables.append(_section_to_toml(field.name, section, config))
-        else:
-            top[field.name] = value
-    return "\n".join([format_toml_table("", top), *tables])
-
-
-def _section_to_toml(name: str, section: attrs.AttrsInstance, config: Config) -> str:
-    present: dict[str, object] = {}
-    defaulted: list[str] = []
-    for field in attrs.fields(type(section)):
-        value = getattr(section, field.name)
-        if value is None:
-            defaulted.append(field.name)
-        else:
-            present[field.name] = value
-    text = format_toml_table(name, present)
-    resolved = {
-        "root": config.payload_root,
-        "batches_dir": config.batches_dir,
-        "weights_dir": config.weights_dir,
-    }
-    for key in defaulted:
-        text += f"# {key} is not set: it defaults to {resolved.get(key, 'nothing')}\n"
-    return text

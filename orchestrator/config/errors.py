@@ -4,24 +4,26 @@ cattrs collects every problem it meets into nested exception groups whose notes 
 attribute (or list index) each came from. A person fixing a file wants one precise line,
 so `first_problem` walks the groups, rebuilds the dotted key of each leaf and picks the most
 useful one: a misspelt key first (it often explains the errors that follow), then the rest
-in the order the fields are declared.
+in the order the fields are declared. Values in messages are spelled as TOML
+(`format_toml_value`), the way the user writes them.
 """
 
 from __future__ import annotations
 
 import difflib
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import PurePath
 from typing import Any
 
 import attrs
+import tomli_w
 from cattrs.errors import (
     AttributeValidationNote,
     ForbiddenExtraKeysError,
     IterableValidationNote,
 )
 
-from orchestrator._config_toml import format_toml_value
 from orchestrator.errors import UserError
 
 _NO_VALUE: Any = object()
@@ -115,6 +117,21 @@ def unknown_key_message(key: str, root: type) -> str:
     if close:
         return f"unknown key '{key}' (did you mean '{close[0]}'?)"
     return f"unknown key '{key}'"
+
+
+def format_toml_value(value: object) -> str:
+    """`value` spelled as TOML on one line, for messages: tomli-w writes each scalar (a path
+    as its string), and an array is kept inline (tomli-w spreads one over several lines).
+
+    Raises TypeError for what TOML cannot hold as a value (None, a table).
+    """
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(format_toml_value(item) for item in value) + "]"
+    if isinstance(value, Mapping):
+        raise TypeError("a table is not a TOML value")
+    if isinstance(value, PurePath):
+        value = str(value)
+    return tomli_w.dumps({"v": value}).removeprefix("v = ").removesuffix("\n")
 
 
 def _join(prefix: str, part: str) -> str:

@@ -1,0 +1,57 @@
+"""The config written as TOML (for `check-config`, and files that `load_config` reads back).
+
+tomli-w writes the values. It writes no comments, so each table is written on its own and
+followed by its comments: a directory left to its default is not a key (TOML has no null,
+and a re-read file must keep following `run_dir`), but a comment saying where it resolves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePath
+from typing import Any
+
+import attrs
+import tomli_w
+
+from orchestrator.config.sections import Config
+
+
+def config_to_toml(config: Config) -> str:
+    """The config as TOML that `load_config` reads back to an equal Config.
+
+    Every key is written, defaults included; a directory left to its default (None) is
+    written as a comment saying what it resolves to.
+    """
+    document = attrs.asdict(config, value_serializer=_toml_value)
+    top = {key: value for key, value in document.items() if not isinstance(value, dict)}
+    tables = [
+        _table_to_toml(name, table, config)
+        for name, table in document.items()
+        if isinstance(table, dict)
+    ]
+    return "\n".join([tomli_w.dumps(top), *tables])
+
+
+def _table_to_toml(name: str, table: dict[str, Any], config: Config) -> str:
+    defaults = _default_directories(config)
+    present = {key: value for key, value in table.items() if value is not None}
+    comments = [
+        f"# {key} is not set: it defaults to {defaults.get(f'{name}.{key}', 'nothing')}\n"
+        for key, value in table.items()
+        if value is None
+    ]
+    return tomli_w.dumps({name: present}) + "".join(comments)
+
+
+def _default_directories(config: Config) -> dict[str, Path]:
+    """What each optional directory key resolves to when it is not set."""
+    return {
+        "payload.root": config.payload_root,
+        "trainer.batches_dir": config.batches_dir,
+        "trainer.weights_dir": config.weights_dir,
+    }
+
+
+def _toml_value(_: object, __: attrs.Attribute[Any] | None, value: object) -> object:
+    # tomli-w writes strings, not paths (attrs.asdict has made tuples lists already).
+    return str(value) if isinstance(value, PurePath) else value

@@ -1,0 +1,28 @@
+"""Prometheus metrics for the daemon, on prometheus-client: what is measured, how it is
+read, and where it is served.
+
+    recorders.py   CollectionTimes (fed by the policy watcher), LoopStats (fed by
+                   serve_loop_lag_monitor): prometheus-client histograms plus a gauge each
+    collector.py   RunCollector: the families read from RunState and TrainSink at scrape
+                   time; metrics_registry: one registry per daemon run
+    endpoint.py    serve_metrics: GET /metrics answers generate_latest(registry), served
+                   by hypercorn on the daemon's trio loop (see its docstring for why)
+
+Wiring, in the daemon's nursery (the policy watcher gets `collections` when built):
+
+    loop_stats, collections = LoopStats(), CollectionTimes()
+    await nursery.start(serve_loop_lag_monitor, loop_stats)
+    registry = metrics_registry(state, sink, loop_stats, collections)
+    await nursery.start(serve_metrics, config.metrics.listen, registry)
+"""
+
+from orchestrator.metrics.collector import metrics_registry as metrics_registry
+from orchestrator.metrics.endpoint import CONTENT_TYPE as CONTENT_TYPE
+from orchestrator.metrics.endpoint import BadListenAddress as BadListenAddress
+from orchestrator.metrics.endpoint import parse_listen_address as parse_listen_address
+from orchestrator.metrics.endpoint import serve_metrics as serve_metrics
+from orchestrator.metrics.recorders import COLLECTION_BUCKETS as COLLECTION_BUCKETS
+from orchestrator.metrics.recorders import LOOP_LAG_BUCKETS as LOOP_LAG_BUCKETS
+from orchestrator.metrics.recorders import CollectionTimes as CollectionTimes
+from orchestrator.metrics.recorders import LoopStats as LoopStats
+from orchestrator.metrics.recorders import serve_loop_lag_monitor as serve_loop_lag_monitor

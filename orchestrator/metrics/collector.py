@@ -1,0 +1,170 @@
+"""The daemon's figures that live in its state and its sink, as metric families read at
+scrape time: nothing is copied into the library as it happens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+import attrs
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from orchestrator.metrics.recorders import CollectionTimes, LoopStats
+from orchestrator.rollouts import Discard
+from orchestrator.run_state import RunState
+from orchestrator.sink import TrainSink
+
+# Label values reported even at zero, so that `rate()` and alerts see a series from the
+# first scrape on instead of one that appears with the first event. Values found in the
+# state that are not listed here are reported too, after these.
+ROLLOUT_OUTCOMES = ("completed", "failed", "poisoned", "stopped")
+# The dispatcher's failure kinds: the inference client's, then its own three
+# (orchestrator/rejections.py records every one).
+FAILURE_KINDS = (
+    "connect",
+    "transport",
+    "timeout",
+    "http_5xx",
+    "http_4xx",
+    "malformed",
+    "oversized",
+    "poisoned_payload",
+    "stitching",
+    "routing_gap",
+)
+DISCARD_REASONS = tuple(reason.value for reason in Discard)
+DELETION_PATHS = ("discard", "sweep", "collection", "wipe")
+
+
+def counts_with(known: Iterable[str], counts: Mapping[str, int]) -> list[tuple[str, int]]:
+    """`(key, count)` for every known key in order (0 when absent), then the other keys of
+    `counts`, sorted."""
+    known = tuple(known)
+    extra = sorted(key for key in counts if key not in known)
+    return [(key, int(counts.get(key, 0))) for key in (*known, *extra)]
+
+
+def _by_label(
+    name: str, documentation: str, label: str, known: Iterable[str], counts: Mapping[str, int]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for key, count in counts_with(known, counts):
+        family.add_metric([key], count)
+    return family
+
+
+@attrs.define(eq=False)
+class RunCollector:
+    """The families read from the run's `RunState` and `TrainSink`.
+
+    `collect` is synchronous and reads them without `await`, so on trio's thread it sees
+    one consistent moment (it must run there: nothing else guards the state).
+    """
+
+    state: RunState
+    sink: TrainSink
+
+    def collect(self) -> Iterator[Metric]:
+        state, sink, p = self.state, self.sink, "orchestrator_"
+        step = state.next_step - 1  # the last batch shipped (0 before the first)
+        yield _by_label(
+            f"{p}rollouts_total",
+            "Rollouts finished, by outcome (completed, failed, poisoned).",
+            "outcome",
+            ROLLOUT_OUTCOMES,
+            state.rollouts,
+        )
+        yield _by_label(
+            f"{p}rollout_failures_total",
+            "Failed inference requests and poisoned payloads, by kind.",
+            "kind",
+            FAILURE_KINDS,
+            state.failures,
+        )
+        yield _by_label(
+            f"{p}discards_total",
+            "Units (samples, or rollouts without samples) discarded by the sink, by reason.",
+            "reason",
+            DISCARD_REASONS,
+            sink.counters,
+        )
+        yield _by_label(
+            f"{p}payload_files_deleted_total",
+            "Payload files deleted, by path (discard, sweep, collection, wipe).",
+            "path",
+            DELETION_PATHS,
+            state.files_deleted,
+        )
+        yield _by_label(
+            f"{p}payload_bytes_deleted_total",
+            "Payload bytes deleted, by path (discard, sweep, collection, wipe).",
+            "path",
+            DELETION_PATHS,
+            state.bytes_deleted,
+        )
+        yield CounterMetricFamily(
+            f"{p}payload_files_written_total",
+            "Payload files written by inference servers for this run's rollouts.",
+            value=state.files_written,
+        )
+        yield CounterMetricFamily(
+            f"{p}payload_bytes_written_total",
+            "Payload bytes written by inference servers for this run's rollouts.",
+            value=state.bytes_written,
+        )
+        yield GaugeMetricFamily(
+            f"{p}payload_disk_bytes",
+            "Bytes under the payload root at the last measurement.",
+            value=state.payload_bytes,
+        )
+        yield GaugeMetricFamily(
+            f"{p}payload_disk_peak_bytes",
+            "The most bytes measured under the payload root during this run.",
+            value=state.peak_payload_bytes,
+        )
+        yield GaugeMetricFamily(
+            f"{p}applied_version",
+            "The policy version rollouts are dispatched under.",
+            value=state.applied_version,
+        )
+        yield GaugeMetricFamily(
+            f"{p}step", "The last batch shipped to the trainer (0 before the first).", value=step
+        )
+        yield GaugeMetricFamily(  # no sample before the first collection
+            f"{p}collection_bound",
+            "The last collection bound: every v<k> directory with k below it was deleted.",
+            value=state.bound,
+        )
+        yield GaugeMetricFamily(
+            f"{p}staleness_steps",
+            "Batches shipped ahead of the applied policy version (step - applied_version).",
+            value=step - state.applied_version,
+        )
+        yield GaugeMetricFamily(
+            f"{p}inflight_rollouts",
+            "Rollouts dispatched and not finished.",
+            value=state.inflight_rollouts,
+        )
+        yield GaugeMetricFamily(
+            f"{p}queued_samples",
+            "Scored samples waiting in the sink for a batch.",
+            value=sink.queued_samples,
+        )
+        yield CounterMetricFamily(
+            f"{p}samples_shipped_total",
+            "Samples shipped to the trainer in batches.",
+            value=sink.shipped,
+        )
+
+
+def metrics_registry(
+    state: RunState, sink: TrainSink, loop_stats: LoopStats, collections: CollectionTimes
+) -> CollectorRegistry:
+    """A registry of its own for one daemon run (never the library's global one: tests run
+    several daemons in one process), serving the families in this order: the run's state
+    and sink, the collection durations, the event loop lag."""
+    registry = CollectorRegistry()
+    registry.register(RunCollector(state, sink))
+    registry.register(collections)
+    registry.register(loop_stats)
+    return registry

@@ -1,0 +1,156 @@
+"""The metrics endpoint: `GET /metrics` answers `generate_latest(registry)`, served by
+hypercorn on the daemon's own trio loop.
+
+Why this design: hypercorn is already the local fleet's HTTP server and runs on trio, so
+it serves here too (it owns HTTP/1.1 parsing, keep-alive, timeouts and error answers),
+taking over the sockets `orchestrator.preflight` bound. The app in front of the registry
+is a few lines rather than prometheus-client's `make_asgi_app`, to answer only
+`/metrics` (404 elsewhere, 405 for methods other than GET and HEAD) in the text format
+`generate_latest` writes. It encodes on the trio thread, not in a worker thread, because
+the collectors read the run's state, which only the trio thread may touch (a worker
+would race the tasks that mutate it); encoding two dozen families takes well under a
+millisecond, which the event loop lag monitor would show if it ever grew.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
+import structlog
+import trio
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
+
+if TYPE_CHECKING:
+    from hypercorn.typing import AppWrapper
+
+log = structlog.get_logger("orchestrator.metrics")
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+# How long a connection may sit idle, or stall before its request head is complete.
+# hypercorn also holds a connection the client closed between requests open until then,
+# so it stays short (hypercorn's default); a scraper reconnecting per scrape costs nothing.
+IDLE_DEADLINE_S = 5.0
+
+_LOOPBACK = "127.0.0.1"
+
+Message = MutableMapping[str, Any]
+
+
+class BadListenAddress(ValueError):
+    """A listen address that is not `host:port` with a port in 0..65535."""
+
+
+def parse_listen_address(listen: str) -> tuple[str, int]:
+    """Split `"host:port"` into its parts: `"[::1]:9464"` for IPv6, and `":9464"` (no
+    host) means loopback, never every interface: metrics are not for the whole network
+    unless the config says so.
+
+    Raises `BadListenAddress` naming the value.
+    """
+    host, colon, port = listen.rpartition(":")
+    if not colon or not port.isdigit() or int(port) > 65535:
+        raise BadListenAddress(f'metrics listen address {listen!r} is not "host:port"')
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or _LOOPBACK, int(port)
+
+
+@attrs.frozen
+class MetricsApp:
+    """The ASGI app (in hypercorn's calling convention) serving `registry`."""
+
+    registry: CollectorRegistry
+
+    async def __call__(
+        self,
+        scope: Message,
+        receive: Callable[[], Awaitable[Message]],
+        send: Callable[[Message], Awaitable[None]],
+        sync_spawn: object,
+        call_soon: object,
+    ) -> None:
+        if scope["type"] == "lifespan":  # nothing to set up or tear down
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        headers = [(b"content-type", b"text/plain; charset=utf-8")]
+        if scope["path"] != "/metrics":
+            status, body = 404, b"not found: the metrics are at /metrics\n"
+        elif scope["method"] not in ("GET", "HEAD"):
+            status, body = 405, f"{scope['method']} is not allowed; use GET\n".encode()
+            headers.append((b"allow", b"GET, HEAD"))
+        else:
+            # An exception here becomes a 500 (hypercorn logs it); the server lives on.
+            status, body = 200, generate_latest(self.registry)
+            headers = [(b"content-type", CONTENT_TYPE.encode())]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})  # none for HEAD
+
+
+def _bind(listen: str) -> list[socket.socket]:
+    """A socket listening on `listen`. Blocking (a host name is looked up).
+
+    Raises `BadListenAddress`, or `OSError` when it cannot listen there.
+    """
+    host, port = parse_listen_address(listen)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return [sock]
+
+
+async def serve_metrics(
+    listen: str,
+    registry: CollectorRegistry,
+    *,
+    sockets: Sequence[socket.socket] = (),
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `registry` in the Prometheus text format at `GET /metrics` on `listen` until
+    cancelled.
+
+    Reports the bound `(host, port)` through `task_status` (port 0 picks a free port).
+    Raises `BadListenAddress` for a bad `listen`, `OSError` when it cannot listen there.
+
+    `sockets`, when given, are listening sockets already bound to `listen` (by
+    `orchestrator.preflight`, so that a port in use is found before the run changes
+    anything): the server takes them over and closes them when it stops.
+    """
+    # Imported here, as in orchestrator.sim.inference: only a serving process needs it.
+    from hypercorn.config import Config as HypercornConfig
+    from hypercorn.config import Sockets
+    from hypercorn.trio.run import worker_serve
+
+    if not sockets:
+        sockets = await trio.to_thread.run_sync(_bind, listen)
+    try:
+        config = HypercornConfig()
+        config.accesslog = None
+        # Through stdlib logging, which `configure_logging` renders like everything else.
+        config.errorlog = logging.getLogger("hypercorn.error")
+        config.keep_alive_timeout = IDLE_DEADLINE_S
+        bound_host, bound_port = sockets[0].getsockname()[:2]
+        shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host
+        async with trio.open_nursery() as nursery:
+            app = cast("AppWrapper", MetricsApp(registry))
+            serve = functools.partial(
+                worker_serve, app, config, sockets=Sockets([], [*sockets], [])
+            )
+            await nursery.start(serve)
+            log.info("serving metrics", url=f"http://{shown_host}:{bound_port}/metrics")
+            task_status.started((bound_host, bound_port))
+    finally:
+        for sock in sockets:
+            sock.close()
