@@ -74,8 +74,8 @@ from system_fleet import (
     stamp,
 )
 
-from orchestrator.daemon import Daemon, RunOutcome
-from orchestrator.payload_disk import payload_file_key, tree_bytes
+from orchestrator.daemon.payload_disk import payload_file_key, tree_bytes
+from orchestrator.daemon.run import Daemon, RunOutcome
 
 PLOT = REPO / "docs" / "disk_per_step.png"
 SHAPE = ModelShape(layers=48, top_k=8, num_experts=128)

@@ -24,9 +24,9 @@ import attrs
 import trio
 
 from orchestrator.config import Config, load_config
-from orchestrator.daemon import RunOutcome, run_daemon
+from orchestrator.daemon.run import RunOutcome, run_daemon
+from orchestrator.daemon.run_state import RunState
 from orchestrator.logs import configure_logging
-from orchestrator.run_state import RunState
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.toml"

@@ -46,9 +46,9 @@ from system_fleet import (
     stamp,
 )
 
-from orchestrator.daemon import Daemon, RunOutcome
-from orchestrator.run_state import RunState
-from orchestrator.sink import TrainSink
+from orchestrator.core.sink import TrainSink
+from orchestrator.daemon.run import Daemon, RunOutcome
+from orchestrator.daemon.run_state import RunState
 
 TARGET_GROWTH_PER_100_STEPS = 1_000_000
 SHAPE = ModelShape(layers=4, top_k=8, num_experts=128)

@@ -22,7 +22,7 @@ import attrs
 if TYPE_CHECKING:
     from payload_gc import CollectionPlan, CollectionReport
 
-    from orchestrator._run_inspect import RunSnapshot
+    from orchestrator.commands.inspect import RunSnapshot
 
 HELP = "run one payload collection from the run's saved state (--dry-run: only show it)"
 
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     from payload_gc import PayloadGCError, collect_below_sync, plan_root
 
-    from orchestrator._run_inspect import list_payload_root, read_run_snapshot
+    from orchestrator.commands.inspect import list_payload_root, read_run_snapshot
     from orchestrator.config import config_from_args
     from orchestrator.errors import UserError
 
@@ -97,7 +97,7 @@ def bound_from_state(snapshot: RunSnapshot) -> RunBound:
     Raises UserError when there is no readable progress: then no applied version is
     known, so no payload version is known to be safe to delete.
     """
-    from orchestrator._run_inspect import applied_collection_bound
+    from orchestrator.commands.inspect import applied_collection_bound
     from orchestrator.errors import UserError
 
     progress = snapshot.progress
@@ -134,7 +134,7 @@ def check_payload_root(root: str, plan: CollectionPlan) -> None:
 
 
 def _why(run_bound: RunBound, now: float) -> str:
-    from orchestrator._run_inspect import format_as_of, format_version
+    from orchestrator.commands.inspect import format_as_of, format_version
 
     return (
         f"bound {format_version(run_bound.bound)} = min_fresh_version(applied "

@@ -1,9 +1,9 @@
 """`orchestrator run --config FILE [--set key=value ...]`: the daemon.
 
 Start-up checks everything that can fail before anything on disk changes
-(`orchestrator.preflight`). SIGINT and SIGTERM are caught from the first line of `run`
+(`orchestrator.daemon.preflight`). SIGINT and SIGTERM are caught from the first line of `run`
 on: a signal during start-up stops the run there, the first one while running stops it
-gracefully within `shutdown.grace_s`, a second one stops it at once (`orchestrator.stop`).
+gracefully within `shutdown.grace_s`, a second one stops it at once (`orchestrator.daemon.stop`).
 Every end prints the summary; docs/operations.md § Signals has the exit codes.
 """
 
@@ -67,20 +67,20 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
     import structlog
     import trio
 
-    from orchestrator.config import config_from_args
-    from orchestrator.daemon import RunOutcome, run_daemon
-    from orchestrator.handoff import shipped_steps
-    from orchestrator.logs import configure_logging
-    from orchestrator.payload_disk import tree_bytes
-    from orchestrator.preflight import preflight
-    from orchestrator.server_pool import InferenceUnavailable
-    from orchestrator.stop import Stop
-    from orchestrator.summary import (
+    from orchestrator.commands.summary import (
         check_invariants,
         invariants_hold,
         render_summary,
         summary_data,
     )
+    from orchestrator.config import config_from_args
+    from orchestrator.daemon.payload_disk import tree_bytes
+    from orchestrator.daemon.preflight import preflight
+    from orchestrator.daemon.run import RunOutcome, run_daemon
+    from orchestrator.daemon.server_pool import InferenceUnavailable
+    from orchestrator.daemon.stop import Stop
+    from orchestrator.handoff import shipped_steps
+    from orchestrator.logs import configure_logging
 
     config = config_from_args(args)
     configure_logging()

@@ -19,7 +19,7 @@ import attrs
 if TYPE_CHECKING:
     from payload_gc import CollectionPlan, RootEntry
 
-    from orchestrator._run_inspect import DaemonLock, RunSnapshot
+    from orchestrator.commands.inspect import DaemonLock, RunSnapshot
     from orchestrator.handoff import Progress
 
 HELP = "show a run's step, versions, daemon and per-version payload disk use, from disk"
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     the output, not as an error."""
     import time
 
-    from orchestrator._run_inspect import read_run_snapshot
+    from orchestrator.commands.inspect import read_run_snapshot
     from orchestrator.config import config_from_args
 
     config = config_from_args(args)
@@ -113,7 +113,7 @@ def survey_payload_root(snapshot: RunSnapshot) -> PayloadSurvey:
     """
     from payload_gc import PayloadGCError, RootMissing, plan_collection, scan_root
 
-    from orchestrator._run_inspect import next_collection_bound
+    from orchestrator.commands.inspect import next_collection_bound
 
     root = str(snapshot.payload_root)
     next_bound = None
@@ -288,8 +288,8 @@ def describe_shipping(snapshot: RunSnapshot, progress: Progress, now: float) -> 
     """One line on shipping: `no batch shipped for 45 s; most discards: untrainable (4512);
     most common error: malformed: ... (903x)` when stalled, else when the last batch
     shipped. None for a progress file without these times."""
-    from orchestrator._run_inspect import format_as_of
-    from orchestrator.stall import most_discarded
+    from orchestrator.commands.inspect import format_as_of
+    from orchestrator.daemon.stall import most_discarded
 
     quiet = quiet_seconds(progress, now)
     if quiet is None:
@@ -336,7 +336,7 @@ def _payload_json(payload: PayloadSurvey) -> dict[str, Any]:
 
 def render_status(snapshot: RunSnapshot, payload: PayloadSurvey, now: float) -> str:
     """The status for people: the run's facts, then the payload root's table."""
-    from orchestrator._run_inspect import format_version
+    from orchestrator.commands.inspect import format_version
 
     progress = snapshot.progress
     facts: list[tuple[str, str]] = [
@@ -380,7 +380,7 @@ def _describe_shipped(snapshot: RunSnapshot) -> str:
 
 
 def _progress_facts(progress: Progress, now: float) -> list[tuple[str, str]]:
-    from orchestrator._run_inspect import format_as_of, format_version
+    from orchestrator.commands.inspect import format_as_of, format_version
 
     as_of = format_as_of(progress.updated_at, now)
     # The daemon saves every reason, most of them 0 for most of a run: show the others.
@@ -408,7 +408,7 @@ def _failure_facts(progress: Progress) -> list[tuple[str, str]]:
 
 
 def _describe_next(snapshot: RunSnapshot, payload: PayloadSurvey) -> str:
-    from orchestrator._run_inspect import format_version
+    from orchestrator.commands.inspect import format_version
 
     if payload.next_bound is None or snapshot.progress is None:
         return "unknown (no applied version saved)"
@@ -420,7 +420,7 @@ def _describe_next(snapshot: RunSnapshot, payload: PayloadSurvey) -> str:
 
 
 def _payload_lines(payload: PayloadSurvey) -> list[str]:
-    from orchestrator._run_inspect import format_table, human_bytes
+    from orchestrator.commands.inspect import format_table, human_bytes
 
     if payload.problem is not None:
         return [payload.problem]

@@ -26,10 +26,25 @@ import attrs
 
 from orchestrator.errors import UserError
 from orchestrator.handoff.durable import replace_file_atomically
-from orchestrator.rejections import TopError
 
 PROGRESS_FILE = "progress.json"
 LOCK_FILE = "daemon.lock"
+
+
+@attrs.frozen
+class TopError:
+    """The most common error text of one kind since the last shipped batch, and how often
+    it was seen (what `orchestrator status` shows of a run where nothing ships)."""
+
+    kind: str
+    text: str
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    def describe(self) -> str:
+        return f"{self.kind}: {self.text} ({self.count}x)"
 
 
 @attrs.frozen

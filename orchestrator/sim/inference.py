@@ -27,6 +27,7 @@ import structlog
 import trio
 
 from orchestrator.payload import write_payload
+from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH
 
 from ._asgi import (
     BodyTooLarge,
@@ -56,10 +57,6 @@ from ._wire import BadRequest, GenerateRequest, parse_generate_request, parse_we
 __all__ = ["SimInferenceConfig", "serve_inference"]
 
 log = structlog.get_logger("orchestrator.sim.inference")
-
-GENERATE_PATH = "/inference/v1/generate"
-UPDATE_WEIGHTS_PATH = "/update_weights"
-HEALTH_PATH = "/health"
 
 # 8,000 prompt tokens are ~50 kB of JSON; anything near this is a client bug.
 _MAX_BODY_BYTES = 64 * 2**20

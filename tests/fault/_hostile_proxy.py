@@ -17,8 +17,7 @@ import httpx
 import trio
 
 from orchestrator.sim._asgi import Receive, Scope, Send, read_body, send_bytes, serve_lifespan
-
-GENERATE_PATH = "/inference/v1/generate"
+from orchestrator.wire import GENERATE_PATH
 
 
 @attrs.frozen

@@ -20,9 +20,11 @@ import trio
 from _fault_kit import run_config, snapshot_tree
 from payload_gc import min_fresh_version
 
-import orchestrator.daemon as daemon_module
+import orchestrator.daemon.run as daemon_module
 from orchestrator.config import Config
-from orchestrator.daemon import RunOutcome, run_daemon
+from orchestrator.core.rollouts import GroupResult
+from orchestrator.core.sink import TrainSink
+from orchestrator.daemon.run import RunOutcome, run_daemon
 from orchestrator.handoff import (
     BATCH_FILE,
     TrainSample,
@@ -31,9 +33,7 @@ from orchestrator.handoff import (
     read_batch,
     shipped_steps,
 )
-from orchestrator.rollouts import GroupResult
 from orchestrator.sim._response import TRAVERSAL_FILE_NAME
-from orchestrator.sink import TrainSink
 
 STEPS = 6
 M = 2

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _hostile_proxy import Exchange, Rewrite, serve_hostile_proxy
 
 from orchestrator.config import Config, load_config
-from orchestrator.daemon import RunOutcome, run_daemon
-from orchestrator.run_state import RunState
+from orchestrator.daemon.run import RunOutcome, run_daemon
+from orchestrator.daemon.run_state import RunState
 from orchestrator.sim.inference import SimInferenceConfig, serve_inference
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"

@@ -12,12 +12,12 @@ import httpx
 import pytest
 import trio
 
+from orchestrator.commands.summary import check_invariants
 from orchestrator.config import Config, load_config
-from orchestrator.daemon import RunOutcome, run_daemon
+from orchestrator.daemon.run import RunOutcome, run_daemon
+from orchestrator.daemon.run_state import RunState
 from orchestrator.errors import UserError
 from orchestrator.handoff import shipped_steps
-from orchestrator.run_state import RunState
-from orchestrator.summary import check_invariants
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 

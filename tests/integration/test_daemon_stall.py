@@ -13,9 +13,9 @@ import trio
 
 from orchestrator.cli import main
 from orchestrator.config import load_config
-from orchestrator.daemon import run_daemon
+from orchestrator.daemon.run import run_daemon
+from orchestrator.daemon.run_state import RunState
 from orchestrator.handoff import hold_run_lock, load_progress
-from orchestrator.run_state import RunState
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 STALL_S = 0.5

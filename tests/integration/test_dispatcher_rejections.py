@@ -16,14 +16,14 @@ import structlog.testing
 import trio
 
 from orchestrator.config import load_config
-from orchestrator.daemon import dispatch_settings
-from orchestrator.dispatcher import Dispatcher
-from orchestrator.environments import make_environment
-from orchestrator.http11 import HTTP11Client
-from orchestrator.inference_client import InferenceFailure, build_generate_request
-from orchestrator.rollouts import GroupResult
-from orchestrator.run_state import RunState
-from orchestrator.server_pool import ServerPool
+from orchestrator.core.environments import make_environment
+from orchestrator.core.rollouts import GroupResult
+from orchestrator.daemon.dispatcher import Dispatcher
+from orchestrator.daemon.http11 import HTTP11Client
+from orchestrator.daemon.run import dispatch_settings
+from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.server_pool import ServerPool
+from orchestrator.wire import InferenceFailure, build_generate_request
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 GARBAGE = b"<html>502 from a proxy, not JSON</html>"

@@ -175,7 +175,7 @@ async def test_a_fresh_run_refuses_to_start_over_a_mount_point_it_cannot_wipe(
     # A fresh run's versions start again at v0: a bind-mounted v0 left by the wipe would
     # be written through by servers and refused by the daemon for every rollout.
     from orchestrator.config import load_config
-    from orchestrator.daemon import run_daemon
+    from orchestrator.daemon.run import run_daemon
     from orchestrator.errors import UserError
 
     config = load_config(DEMO, [f'run_dir="{tmp_path / "run"}"', "max_steps=1"])

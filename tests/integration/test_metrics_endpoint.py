@@ -18,7 +18,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator.metrics import (
+from orchestrator.core.sink import SinkLimits, TrainSink
+from orchestrator.daemon.metrics import (
     CONTENT_TYPE,
     BadListenAddress,
     CollectionTimes,
@@ -27,9 +28,8 @@ from orchestrator.metrics import (
     serve_loop_lag_monitor,
     serve_metrics,
 )
-from orchestrator.metrics.endpoint import IDLE_DEADLINE_S
-from orchestrator.run_state import RunState
-from orchestrator.sink import SinkLimits, TrainSink
+from orchestrator.daemon.metrics.endpoint import IDLE_DEADLINE_S
+from orchestrator.daemon.run_state import RunState
 
 LIMITS = SinkLimits(
     batch_size=4,
@@ -136,7 +136,7 @@ async def test_the_server_reports_its_bound_loopback_port() -> None:
 
 
 async def test_sockets_bound_beforehand_are_served_and_closed_at_the_end() -> None:
-    # What orchestrator.preflight hands over: a socket bound and listening already.
+    # What orchestrator.daemon.preflight hands over: a socket bound and listening already.
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()

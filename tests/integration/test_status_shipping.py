@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.daemon.rejections import TopError
 from orchestrator.handoff import (
     PROGRESS_FILE,
     Progress,
@@ -18,7 +19,6 @@ from orchestrator.handoff import (
     load_progress,
     save_progress,
 )
-from orchestrator.rejections import TopError
 
 # What a daemon from before these keys wrote.
 OLD_PROGRESS = {

@@ -24,8 +24,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from payload_gc import min_fresh_version, parse_version
 
-from orchestrator.rollouts import GroupResult, RolloutResult, Sample
-from orchestrator.sink import QueuedSample, SinkLimits, SinkNotReady, TrainSink
+from orchestrator.core.rollouts import GroupResult, RolloutResult, Sample
+from orchestrator.core.sink import QueuedSample, SinkLimits, SinkNotReady, TrainSink
 
 MAX_SEQ_LEN = 8
 

@@ -10,10 +10,10 @@ from typing import Any
 import trio
 from payload_gc import min_fresh_version
 
-from orchestrator.dispatcher import Dispatcher, RolloutRun
-from orchestrator.inference_client import TurnOutput
+from orchestrator.core.turns import TurnOutput
+from orchestrator.daemon.dispatcher import Dispatcher, RolloutRun
+from orchestrator.daemon.run_state import RunState
 from orchestrator.payload import PayloadSegment
-from orchestrator.run_state import RunState
 
 DIGEST = "0" * 32
 MAX_OFF_POLICY = 2

@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from orchestrator.heap import trim_heap
+from orchestrator.daemon.heap import trim_heap
 
 
 def rss_bytes() -> int:

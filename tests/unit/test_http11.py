@@ -23,7 +23,7 @@ import pytest
 import trio
 import trio.testing
 
-from orchestrator.http11 import (
+from orchestrator.daemon.http11 import (
     RECEIVE_BYTES,
     USER_AGENT,
     ByteBudget,
@@ -32,7 +32,8 @@ from orchestrator.http11 import (
     Origin,
     split_url,
 )
-from orchestrator.inference_client import GENERATE_PATH, InferenceFailure, post_generate
+from orchestrator.daemon.inference_client import post_generate
+from orchestrator.wire import GENERATE_PATH, InferenceFailure
 
 #: Seconds any one test may spend on real I/O before it fails.
 GUARD = 5.0

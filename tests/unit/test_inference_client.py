@@ -11,14 +11,10 @@ import numpy as np
 import pytest
 from payload_gc import PayloadRootFiles
 
-from orchestrator.inference_client import (
-    InferenceFailure,
-    TurnOutput,
-    build_generate_request,
-    check_turn_files,
-    parse_generate_response,
-)
+from orchestrator.core.turns import TurnOutput
+from orchestrator.daemon.inference_client import check_turn_files
 from orchestrator.payload import RoutingShape, encode_inline, write_payload_file
+from orchestrator.wire import InferenceFailure, build_generate_request, parse_generate_response
 
 FIELDS = ("routed_experts", "sampling_mask")
 PROMPT_LEN = 10

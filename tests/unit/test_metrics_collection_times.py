@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from orchestrator.metrics import COLLECTION_BUCKETS, CollectionTimes
+from orchestrator.daemon.metrics import COLLECTION_BUCKETS, CollectionTimes
 
 NAME = "orchestrator_collection_duration_seconds"
 LAST = "orchestrator_collection_last_duration_seconds"

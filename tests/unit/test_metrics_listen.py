@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.metrics import BadListenAddress, parse_listen_address
+from orchestrator.daemon.metrics import BadListenAddress, parse_listen_address
 
 
 @pytest.mark.parametrize(

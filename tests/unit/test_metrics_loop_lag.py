@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from orchestrator.metrics import LOOP_LAG_BUCKETS, LoopStats, serve_loop_lag_monitor
+from orchestrator.daemon.metrics import LOOP_LAG_BUCKETS, LoopStats, serve_loop_lag_monitor
 
 NAME = "orchestrator_event_loop_lag_seconds"
 

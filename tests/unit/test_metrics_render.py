@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from orchestrator.metrics import CollectionTimes, LoopStats, metrics_registry
-from orchestrator.rollouts import Discard, GroupResult, RolloutResult, Sample
-from orchestrator.run_state import RunState
-from orchestrator.sink import SinkLimits, TrainSink
+from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult, Sample
+from orchestrator.core.sink import SinkLimits, TrainSink
+from orchestrator.daemon.metrics import CollectionTimes, LoopStats, metrics_registry
+from orchestrator.daemon.run_state import RunState
 
 # -- a small parser for the text exposition format 0.0.4 ----------------------------------
 

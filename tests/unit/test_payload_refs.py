@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.payload_refs import PayloadRefs
+from orchestrator.core.payload_refs import PayloadRefs
 
 SHARED = "/root/v3/shared.bin"
 A = "/root/v3/a.bin"

@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog.testing
 
-from orchestrator.rejections import TEXT_CHARS, Rejections, TopError, top_error
+from orchestrator.daemon.rejections import TEXT_CHARS, Rejections, TopError, top_error
 
 
 class Clock:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from payload_gc import EntryKind, PayloadGCError, RootMissing, RootRefused
 
-from orchestrator._run_inspect import (
+from orchestrator.commands.inspect import (
     RunMissing,
     applied_collection_bound,
     format_as_of,

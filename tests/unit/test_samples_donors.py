@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.inference_client import TurnOutput
+from orchestrator.core.samples import prompt_routing_donors
+from orchestrator.core.turns import TurnOutput
 from orchestrator.payload import PayloadSegment
-from orchestrator.samples import prompt_routing_donors
 
 DIGEST = "0" * 32
 

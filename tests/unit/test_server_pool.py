@@ -10,7 +10,7 @@ import httpx
 import pytest
 import trio
 
-from orchestrator.server_pool import (
+from orchestrator.daemon.server_pool import (
     InferenceUnavailable,
     ProbeSettings,
     ServerPool,

@@ -8,8 +8,8 @@ from typing import Any
 import attrs
 import pytest
 
-from orchestrator.rollouts import Discard, GroupResult, RolloutResult, Sample
-from orchestrator.sink import SinkLimits, SinkNotReady, TrainSink
+from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult, Sample
+from orchestrator.core.sink import SinkLimits, SinkNotReady, TrainSink
 
 # m = 2: batch 4 may hold groups that started at v1 or later.
 LIMITS = SinkLimits(
@@ -527,7 +527,7 @@ def test_counters_are_a_copy() -> None:
 
 
 def test_each_queued_sample_carries_its_groups_server_into_the_batch() -> None:
-    from orchestrator.daemon import _train_sample
+    from orchestrator.daemon.run import _train_sample
 
     sink = TrainSink(LIMITS)
     server = "http://10.0.0.5:8000"

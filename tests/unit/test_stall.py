@@ -10,8 +10,8 @@ import structlog.testing
 import trio
 import trio.testing
 
-from orchestrator.rejections import TopError
-from orchestrator.stall import Figures, StallWatch, most_discarded, serve_stall_watch
+from orchestrator.daemon.rejections import TopError
+from orchestrator.daemon.stall import Figures, StallWatch, most_discarded, serve_stall_watch
 
 
 def figures(

@@ -6,9 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from orchestrator.commands.summary import (
+    check_invariants,
+    invariants_hold,
+    render_summary,
+    summary_data,
+)
+from orchestrator.daemon.run_state import RunState
 from orchestrator.handoff import TrainSample, publish_batch
-from orchestrator.run_state import RunState
-from orchestrator.summary import check_invariants, invariants_hold, render_summary, summary_data
 
 
 def sample() -> TrainSample:

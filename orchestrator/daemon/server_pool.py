@@ -18,11 +18,10 @@ import httpx
 import structlog
 import trio
 
-from orchestrator.inference_client import InferenceFailure, post_update_weights
+from orchestrator.daemon.inference_client import post_update_weights
+from orchestrator.wire import HEALTH_PATH, InferenceFailure
 
 log = structlog.get_logger("orchestrator.servers")
-
-HEALTH_PATH = "/health"
 
 
 class InferenceUnavailable(Exception):

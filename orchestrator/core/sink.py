@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping
 import attrs
 from payload_gc import min_fresh_version
 
-from orchestrator.payload_refs import PayloadRefs
-from orchestrator.rollouts import Discard, GroupResult, RolloutResult, Sample
+from orchestrator.core.payload_refs import PayloadRefs
+from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult, Sample
 
 # Advantages are differences of float means: a group whose rewards are all equal can leave
 # residues of a few ulps, which are no learning signal.

@@ -27,8 +27,8 @@ import structlog
 import trio
 
 if TYPE_CHECKING:
-    from orchestrator.run_state import RunState
-    from orchestrator.sink import TrainSink
+    from orchestrator.core.sink import TrainSink
+    from orchestrator.daemon.run_state import RunState
 
 log = structlog.get_logger("orchestrator")
 

@@ -3,7 +3,7 @@ hypercorn on the daemon's own trio loop.
 
 Why this design: hypercorn is already the local fleet's HTTP server and runs on trio, so
 it serves here too (it owns HTTP/1.1 parsing, keep-alive, timeouts and error answers),
-taking over the sockets `orchestrator.preflight` bound. The app in front of the registry
+taking over the sockets `orchestrator.daemon.preflight` bound. The app in front of the registry
 is a few lines rather than prometheus-client's `make_asgi_app`, to answer only
 `/metrics` (404 elsewhere, 405 for methods other than GET and HEAD) in the text format
 `generate_latest` writes. It encodes on the trio thread, not in a worker thread, because
@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, gener
 if TYPE_CHECKING:
     from hypercorn.typing import AppWrapper
 
-log = structlog.get_logger("orchestrator.metrics")
+log = structlog.get_logger("orchestrator.daemon.metrics")
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 # How long a connection may sit idle, or stall before its request head is complete.
@@ -125,7 +125,7 @@ async def serve_metrics(
     Raises `BadListenAddress` for a bad `listen`, `OSError` when it cannot listen there.
 
     `sockets`, when given, are listening sockets already bound to `listen` (by
-    `orchestrator.preflight`, so that a port in use is found before the run changes
+    `orchestrator.daemon.preflight`, so that a port in use is found before the run changes
     anything): the server takes them over and closes them when it stops.
     """
     # Imported here, as in orchestrator.sim.inference: only a serving process needs it.

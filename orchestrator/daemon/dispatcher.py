@@ -21,22 +21,16 @@ import trio
 import trio.lowlevel
 from payload_gc import PayloadGCError, PayloadRootFiles
 
-from orchestrator.environments import Environment, Prompt
-from orchestrator.http11 import HTTP11Client
-from orchestrator.inference_client import (
-    InferenceFailure,
-    TurnFiles,
-    TurnOutput,
-    build_generate_request,
-    check_turn_files,
-    parse_generate_response,
-    post_generate,
-)
+from orchestrator.core.environments import Environment, Prompt
+from orchestrator.core.rollouts import GroupResult, RolloutResult
+from orchestrator.core.samples import RoutingDonor, build_sample, prompt_routing_donors
+from orchestrator.core.turns import TurnOutput
+from orchestrator.daemon.http11 import HTTP11Client
+from orchestrator.daemon.inference_client import TurnFiles, check_turn_files, post_generate
+from orchestrator.daemon.run_state import InflightGroup, RunState
+from orchestrator.daemon.server_pool import ServerPool
 from orchestrator.payload import FinalTokenRoute, RoutingShape, version_dir
-from orchestrator.rollouts import GroupResult, RolloutResult
-from orchestrator.run_state import InflightGroup, RunState
-from orchestrator.samples import RoutingDonor, build_sample, prompt_routing_donors
-from orchestrator.server_pool import ServerPool
+from orchestrator.wire import InferenceFailure, build_generate_request, parse_generate_response
 
 log = structlog.get_logger("orchestrator.dispatch")
 

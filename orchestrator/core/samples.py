@@ -20,7 +20,8 @@ import attrs
 import numpy as np
 import structlog
 
-from orchestrator.inference_client import TurnOutput
+from orchestrator.core.rollouts import Sample
+from orchestrator.core.turns import TurnOutput
 from orchestrator.payload import (
     BadSegment,
     FinalTokenRoute,
@@ -32,7 +33,6 @@ from orchestrator.payload import (
     stitch_masks,
     stitch_routing,
 )
-from orchestrator.rollouts import Sample
 
 log = structlog.get_logger("orchestrator.samples")
 

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import attrs
 import structlog
 import trio
+
+from orchestrator.handoff.progress import TopError
 
 log = structlog.get_logger("orchestrator.dispatch")
 
@@ -36,21 +37,6 @@ TEXT_CHARS = 100
 LOG_INTERVAL_S = 10.0
 #: Texts remembered per kind.
 MAX_TEXTS = 20
-
-
-@attrs.frozen
-class TopError:
-    """The most common error text of one kind, and how often it was seen."""
-
-    kind: str
-    text: str
-    count: int
-
-    def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-    def describe(self) -> str:
-        return f"{self.kind}: {self.text} ({self.count}x)"
 
 
 @attrs.define

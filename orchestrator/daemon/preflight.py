@@ -28,9 +28,9 @@ from pathlib import Path
 import attrs
 
 from orchestrator.config import Config
+from orchestrator.daemon.metrics import BadListenAddress, parse_listen_address
 from orchestrator.errors import UserError
 from orchestrator.handoff import hold_run_lock
-from orchestrator.metrics import BadListenAddress, parse_listen_address
 
 
 @attrs.frozen

@@ -1,7 +1,7 @@
 """The daemon's two HTTP clients: a lean one for generate requests, httpx for the rest.
 
 Generate requests are the daemon's hot path, hundreds in flight: they go through
-`orchestrator.http11`, whose per-request cost is a fraction of httpx's (docs/benchmarks.md).
+`orchestrator.daemon.http11`, whose per-request cost is a fraction of httpx's (docs/benchmarks.md).
 Weight updates and health probes are a few requests per step: they use httpx, on a client
 of their own so they never queue behind generate requests.
 """
@@ -16,7 +16,7 @@ import attrs
 import httpx
 import trio
 
-from orchestrator.http11 import HTTP11Client
+from orchestrator.daemon.http11 import HTTP11Client
 
 
 @attrs.frozen

@@ -9,17 +9,17 @@ import attrs
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from orchestrator.metrics.recorders import CollectionTimes, LoopStats
-from orchestrator.rollouts import Discard
-from orchestrator.run_state import RunState
-from orchestrator.sink import TrainSink
+from orchestrator.core.rollouts import Discard
+from orchestrator.core.sink import TrainSink
+from orchestrator.daemon.metrics.recorders import CollectionTimes, LoopStats
+from orchestrator.daemon.run_state import RunState
 
 # Label values reported even at zero, so that `rate()` and alerts see a series from the
 # first scrape on instead of one that appears with the first event. Values found in the
 # state that are not listed here are reported too, after these.
 ROLLOUT_OUTCOMES = ("completed", "failed", "poisoned", "stopped")
 # The dispatcher's failure kinds: the inference client's, then its own three
-# (orchestrator/rejections.py records every one).
+# (orchestrator/daemon/rejections.py records every one).
 FAILURE_KINDS = (
     "connect",
     "transport",

@@ -27,7 +27,8 @@ import attrs
 import structlog
 import trio
 
-from orchestrator.rejections import TopError, top_error
+from orchestrator.daemon.rejections import top_error
+from orchestrator.handoff.progress import TopError
 
 log = structlog.get_logger("orchestrator")
 

@@ -25,26 +25,26 @@ import structlog
 import trio
 
 from orchestrator.config import Config
-from orchestrator.dispatcher import Dispatcher, DispatchSettings
-from orchestrator.environments import make_environment
-from orchestrator.handoff import Progress, TrainSample, publish_batch_async, save_progress
-from orchestrator.http_clients import open_clients
-from orchestrator.metrics import (
+from orchestrator.core.environments import make_environment
+from orchestrator.core.rollouts import GroupResult
+from orchestrator.core.sink import QueuedSample, SinkLimits, TrainSink
+from orchestrator.daemon.dispatcher import Dispatcher, DispatchSettings
+from orchestrator.daemon.http_clients import open_clients
+from orchestrator.daemon.metrics import (
     CollectionTimes,
     LoopStats,
     metrics_registry,
     serve_loop_lag_monitor,
     serve_metrics,
 )
-from orchestrator.payload_disk import delete_files, measure_tree
-from orchestrator.policy import PolicySettings, PolicyWatcher
-from orchestrator.rollouts import GroupResult
-from orchestrator.run_state import RunState
-from orchestrator.server_pool import ProbeSettings, ServerPool, serve_health_prober
-from orchestrator.sink import QueuedSample, SinkLimits, TrainSink
-from orchestrator.stall import Figures, StallWatch, serve_stall_watch
-from orchestrator.startup import find_start_point, wait_for_version, wipe_payload_root
-from orchestrator.stop import Stop
+from orchestrator.daemon.payload_disk import delete_files, measure_tree
+from orchestrator.daemon.policy import PolicySettings, PolicyWatcher
+from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.server_pool import ProbeSettings, ServerPool, serve_health_prober
+from orchestrator.daemon.stall import Figures, StallWatch, serve_stall_watch
+from orchestrator.daemon.startup import find_start_point, wait_for_version, wipe_payload_root
+from orchestrator.daemon.stop import Stop
+from orchestrator.handoff import Progress, TrainSample, publish_batch_async, save_progress
 
 log = structlog.get_logger("orchestrator")
 
@@ -78,7 +78,7 @@ class Daemon:
     # When the payload root was last walked, and the files it held then.
     _measured_at: float = attrs.field(init=False, default=-math.inf)
     _payload_files: int = attrs.field(init=False, default=0)
-    # When the last batch shipped, on trio's clock (see orchestrator/stall.py).
+    # When the last batch shipped, on trio's clock (see orchestrator/daemon/stall.py).
     stall: StallWatch = attrs.field(
         init=False,
         default=attrs.Factory(
@@ -346,7 +346,7 @@ async def start_metrics(
     """The Prometheus endpoint and the event-loop lag monitor that feeds it.
 
     `collections`: what the policy watcher records collection durations in.
-    `sockets`: listening sockets already bound to `listen` (`orchestrator.preflight`),
+    `sockets`: listening sockets already bound to `listen` (`orchestrator.daemon.preflight`),
     which the endpoint takes over; without them it binds `listen` itself.
     """
     loop_stats = LoopStats()
@@ -374,7 +374,7 @@ async def run_daemon(
 
     `stop` (the `run` command's signals): the caller runs this inside `stop.scope`; a
     request stops the run gracefully once dispatching, at once before (see
-    `orchestrator.stop`). `metrics_sockets`: the metrics listener, bound beforehand.
+    `orchestrator.daemon.stop`). `metrics_sockets`: the metrics listener, bound beforehand.
     """
     started = time.monotonic()
     state = RunState(

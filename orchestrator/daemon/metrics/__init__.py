@@ -16,13 +16,13 @@ Wiring, in the daemon's nursery (the policy watcher gets `collections` when buil
     await nursery.start(serve_metrics, config.metrics.listen, registry)
 """
 
-from orchestrator.metrics.collector import metrics_registry as metrics_registry
-from orchestrator.metrics.endpoint import CONTENT_TYPE as CONTENT_TYPE
-from orchestrator.metrics.endpoint import BadListenAddress as BadListenAddress
-from orchestrator.metrics.endpoint import parse_listen_address as parse_listen_address
-from orchestrator.metrics.endpoint import serve_metrics as serve_metrics
-from orchestrator.metrics.recorders import COLLECTION_BUCKETS as COLLECTION_BUCKETS
-from orchestrator.metrics.recorders import LOOP_LAG_BUCKETS as LOOP_LAG_BUCKETS
-from orchestrator.metrics.recorders import CollectionTimes as CollectionTimes
-from orchestrator.metrics.recorders import LoopStats as LoopStats
-from orchestrator.metrics.recorders import serve_loop_lag_monitor as serve_loop_lag_monitor
+from orchestrator.daemon.metrics.collector import metrics_registry as metrics_registry
+from orchestrator.daemon.metrics.endpoint import CONTENT_TYPE as CONTENT_TYPE
+from orchestrator.daemon.metrics.endpoint import BadListenAddress as BadListenAddress
+from orchestrator.daemon.metrics.endpoint import parse_listen_address as parse_listen_address
+from orchestrator.daemon.metrics.endpoint import serve_metrics as serve_metrics
+from orchestrator.daemon.metrics.recorders import COLLECTION_BUCKETS as COLLECTION_BUCKETS
+from orchestrator.daemon.metrics.recorders import LOOP_LAG_BUCKETS as LOOP_LAG_BUCKETS
+from orchestrator.daemon.metrics.recorders import CollectionTimes as CollectionTimes
+from orchestrator.daemon.metrics.recorders import LoopStats as LoopStats
+from orchestrator.daemon.metrics.recorders import serve_loop_lag_monitor as serve_loop_lag_monitor

@@ -14,8 +14,8 @@ import attrs
 import trio
 from payload_gc import min_fresh_version
 
+from orchestrator.daemon.rejections import Rejections
 from orchestrator.payload import RoutingShape
-from orchestrator.rejections import Rejections
 
 
 @attrs.frozen

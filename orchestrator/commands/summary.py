@@ -18,8 +18,8 @@ from typing import Any
 import attrs
 from payload_gc import PayloadGCError, RootMissing, human_bytes, scan_root
 
+from orchestrator.daemon.run_state import RunState
 from orchestrator.handoff import shipped_steps
-from orchestrator.run_state import RunState
 
 
 @attrs.frozen

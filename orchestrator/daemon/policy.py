@@ -21,12 +21,13 @@ import trio
 import watchfiles
 from payload_gc import PayloadGCError, collect_below, min_fresh_version
 
+from orchestrator.daemon.heap import trim_heap
+from orchestrator.daemon.inference_client import post_update_weights
+from orchestrator.daemon.metrics import CollectionTimes
+from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.server_pool import ServerPool
 from orchestrator.handoff import published_versions, weights_step_dir
-from orchestrator.heap import trim_heap
-from orchestrator.inference_client import InferenceFailure, post_update_weights
-from orchestrator.metrics import CollectionTimes
-from orchestrator.run_state import RunState
-from orchestrator.server_pool import ServerPool
+from orchestrator.wire import InferenceFailure
 
 log = structlog.get_logger("orchestrator.policy")
 

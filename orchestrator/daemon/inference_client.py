@@ -1,0 +1,139 @@
+"""Talking to inference servers: the generate and `update_weights` requests, and the
+check of a turn's payload files on disk (blocking: run in a worker thread).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+from payload_gc import PayloadRootFiles
+
+from orchestrator.core.turns import TurnOutput
+from orchestrator.daemon.http11 import HTTP11Client, HTTPFailure
+from orchestrator.payload import PayloadError, check_within, open_version_dir, regular_file_size
+from orchestrator.wire import GENERATE_PATH, UPDATE_WEIGHTS_PATH, InferenceFailure
+
+JSON_HEADERS = (("content-type", "application/json"),)
+
+
+@attrs.frozen
+class TurnFiles:
+    """A turn's payload files as found on disk: what is wrong with them (`None` when
+    nothing is, or when the turn was poisoned already) and the size of each of its files
+    that exists as a regular file, by name."""
+
+    problem: str | None
+    sizes: Mapping[str, int]
+
+
+def check_turn_files(turn: TurnOutput, *, files: PayloadRootFiles, version: int) -> TurnFiles:
+    """Look at the turn's files in `v<version>` of the open payload root (payload_gc's
+    fd-relative, no-follow access: a version directory that is a link or a mount point
+    is refused): each must be a regular file holding its segments' bytes. Blocking: one
+    `lstat` per file."""
+    checked = turn.poisoned is None and bool(turn.segments)
+    try:
+        directory = open_version_dir(files, version)
+    except PayloadError as exc:
+        return TurnFiles(str(exc) if checked else None, {})
+    sizes: dict[str, int] = {}
+    problem: str | None = None
+    for path in sorted(turn.files):
+        name = path.rpartition("/")[2]
+        try:
+            sizes[name] = regular_file_size(directory, name)
+        except PayloadError as exc:
+            problem = problem or str(exc)
+    if not checked:
+        return TurnFiles(None, sizes)
+    if problem is None:
+        try:
+            for segment in turn.segments.values():
+                check_within(segment, sizes[segment.file])
+        except PayloadError as exc:
+            problem = str(exc)
+    return TurnFiles(problem, sizes)
+
+
+class _OneChunk(httpx.AsyncByteStream):
+    """A request body that is one bytes object, iterated without an async generator.
+
+    httpx's own body stream is an async generator; when a request is cancelled mid-send
+    (a stale group being cancelled) it is left unfinished and trio warns when it is
+    garbage collected (encode/httpx#3686). A plain iterator object has nothing to leak.
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __aiter__(self) -> _OneChunkIterator:
+        return _OneChunkIterator(self._data)
+
+
+class _OneChunkIterator:
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _OneChunkIterator:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._data is None:
+            raise StopAsyncIteration
+        data, self._data = self._data, None
+        return data
+
+
+async def _post_json(
+    client: httpx.AsyncClient, url: str, body: Mapping[str, Any]
+) -> httpx.Response:
+    data = json.dumps(body, separators=(",", ":")).encode()
+    request = client.build_request(
+        "POST", url, content=data, headers={"content-type": "application/json"}
+    )
+    request.stream = _OneChunk(data)
+    return await client.send(request)
+
+
+def _transport_failure(url: str, exc: httpx.TransportError) -> InferenceFailure:
+    # Only a refused or unreachable connection says the server is down; a connection that
+    # broke mid-request is retried like any transient failure.
+    kind = "connect" if isinstance(exc, httpx.ConnectError) else "transport"
+    return InferenceFailure(kind, f"{url}: {exc.__class__.__name__}")
+
+
+async def post_generate(client: HTTP11Client, url: str, body: Mapping[str, Any]) -> bytes:
+    """POST one generate request; the caller puts the deadline around it.
+
+    Raises `InferenceFailure` for connection errors and non-200 answers.
+    """
+    data = json.dumps(body, separators=(",", ":")).encode()
+    try:
+        reply = await client.request("POST", url.rstrip("/") + GENERATE_PATH, data, JSON_HEADERS)
+    except HTTPFailure as exc:
+        raise InferenceFailure(exc.kind, exc.detail) from None
+    if reply.status >= 500:
+        raise InferenceFailure("http_5xx", f"{url}: HTTP {reply.status}")
+    if reply.status != 200:
+        raise InferenceFailure("http_4xx", f"{url}: HTTP {reply.status} {reply.text()!r}")
+    return reply.body
+
+
+async def post_update_weights(client: httpx.AsyncClient, url: str, weight_dir: Path) -> None:
+    """Tell one server to load `weight_dir`. Raises `InferenceFailure` when it does not."""
+    try:
+        response = await _post_json(
+            client, url.rstrip("/") + UPDATE_WEIGHTS_PATH, {"weight_dir": str(weight_dir)}
+        )
+    except httpx.TimeoutException:
+        raise InferenceFailure("timeout", f"{url}: update_weights timed out") from None
+    except httpx.TransportError as exc:
+        raise _transport_failure(url, exc) from None
+    if response.status_code != 200:
+        kind = "http_5xx" if response.status_code >= 500 else "http_4xx"
+        raise InferenceFailure(kind, f"{url}: update_weights HTTP {response.status_code}")

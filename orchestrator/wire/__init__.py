@@ -1,0 +1,24 @@
+"""The inference HTTP API in one place: its paths, the generate request and the parsed
+reply. The daemon's client and the local fleet both build on it."""
+
+from orchestrator.wire.generate import (
+    InferenceFailure,
+    build_generate_request,
+    parse_generate_response,
+)
+
+#: Generate tokens for one turn (vLLM's tokens-in/tokens-out endpoint).
+GENERATE_PATH = "/inference/v1/generate"
+#: Load a published policy: `{"weight_dir": ...}`.
+UPDATE_WEIGHTS_PATH = "/update_weights"
+#: Liveness, and which policy the server holds.
+HEALTH_PATH = "/health"
+
+__all__ = [
+    "GENERATE_PATH",
+    "HEALTH_PATH",
+    "UPDATE_WEIGHTS_PATH",
+    "InferenceFailure",
+    "build_generate_request",
+    "parse_generate_response",
+]
