@@ -97,7 +97,6 @@ def bound_from_state(snapshot: RunSnapshot) -> RunBound:
     Raises UserError when there is no readable progress: then no applied version is
     known, so no payload version is known to be safe to delete.
     """
-    from orchestrator.commands.inspect import applied_collection_bound
     from orchestrator.errors import UserError
 
     progress = snapshot.progress
@@ -108,7 +107,7 @@ def bound_from_state(snapshot: RunSnapshot) -> RunBound:
             "start the daemon (it saves progress), or use payload-gc --below K"
         )
     return RunBound(
-        bound=applied_collection_bound(progress.applied_version, snapshot.max_off_policy_steps),
+        bound=snapshot.staleness.collection_bound(progress.applied_version),
         applied_version=progress.applied_version,
         max_off_policy_steps=snapshot.max_off_policy_steps,
         progress_updated_at=progress.updated_at,

@@ -21,9 +21,10 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
 import attrs
-from payload_gc import CollectionPlan, min_fresh_version, plan_root
+from payload_gc import CollectionPlan, plan_root
 
 from orchestrator.config import Config
+from orchestrator.core.staleness import Staleness
 from orchestrator.errors import UserError
 from orchestrator.handoff import (
     LOCK_FILE,
@@ -38,13 +39,11 @@ __all__ = [
     "DaemonLock",
     "RunMissing",
     "RunSnapshot",
-    "applied_collection_bound",
     "format_as_of",
     "format_table",
     "format_version",
     "human_bytes",
     "list_payload_root",
-    "next_collection_bound",
     "probe_daemon_lock",
     "read_run_snapshot",
 ]
@@ -56,25 +55,6 @@ _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 class RunMissing(UserError):
     """The config names a run directory that does not exist."""
-
-
-def applied_collection_bound(applied_version: int, max_off_policy_steps: int) -> int:
-    """The bound of the collection that belongs to an applied version `applied_version`.
-
-    Once `v{s}` is applied everywhere, batches `<= s` were read, so every `v<k>` with
-    `k < min_fresh_version(s + 1, m)` can go (DESIGN §3). May be negative (nothing goes).
-    Raises ValueError for a negative `max_off_policy_steps`.
-    """
-    return min_fresh_version(applied_version + 1, max_off_policy_steps)
-
-
-def next_collection_bound(applied_version: int, max_off_policy_steps: int) -> int:
-    """The bound of the daemon's next collection: the one after `v{applied + 1}` is applied.
-
-    Versions may be skipped, so a later collection may go further; this is the least the
-    next one removes. Raises ValueError for a negative `max_off_policy_steps`.
-    """
-    return applied_collection_bound(applied_version + 1, max_off_policy_steps)
 
 
 def format_version(version: int) -> str:
@@ -203,7 +183,7 @@ class RunSnapshot:
     batches_dir: Path
     weights_dir: Path
     payload_root: Path
-    max_off_policy_steps: int
+    staleness: Staleness
     daemon: DaemonLock
     shipped_step: int
     published_version: int
@@ -211,6 +191,10 @@ class RunSnapshot:
     progress_problem: str | None
     # `[progress] stall_warning_s`: quiet this long, status says no batch has shipped.
     stall_warning_s: float = 0.0
+
+    @property
+    def max_off_policy_steps(self) -> int:
+        return self.staleness.max_off_policy_steps
 
     @property
     def progress_path(self) -> Path:
@@ -237,7 +221,7 @@ def read_run_snapshot(config: Config, *, source: str = "the config") -> RunSnaps
         batches_dir=config.batches_dir,
         weights_dir=config.weights_dir,
         payload_root=config.payload_root,
-        max_off_policy_steps=config.staleness.max_off_policy_steps,
+        staleness=config.staleness,
         daemon=probe_daemon_lock(config.state_dir),
         shipped_step=_last(_listed(shipped_steps, config.batches_dir, "batches")),
         published_version=_last(_listed(published_versions, config.weights_dir, "weights")),

@@ -113,14 +113,10 @@ def survey_payload_root(snapshot: RunSnapshot) -> PayloadSurvey:
     """
     from payload_gc import PayloadGCError, RootMissing, plan_collection, scan_root
 
-    from orchestrator.commands.inspect import next_collection_bound
-
     root = str(snapshot.payload_root)
     next_bound = None
     if snapshot.progress is not None:
-        next_bound = next_collection_bound(
-            snapshot.progress.applied_version, snapshot.max_off_policy_steps
-        )
+        next_bound = snapshot.staleness.collection_bound(snapshot.progress.applied_version + 1)
     try:
         entries = scan_root(root)
     except RootMissing:

@@ -31,6 +31,7 @@ from orchestrator.config.reply_limits import (
     derived_max_buffered_reply_bytes,
     derived_max_reply_bytes,
 )
+from orchestrator.core.staleness import Staleness
 from orchestrator.payload import RoutingShape
 
 PayloadMode = Literal["auto", "by_handle", "inline"]
@@ -62,8 +63,9 @@ def _is_within(path: Path, directory: Path) -> bool:
 
 
 @attrs.frozen
-class StalenessConfig:
-    """How far behind the trainer's policy a rollout may be (DESIGN §3)."""
+class StalenessConfig(Staleness):
+    """How far behind the trainer's policy a rollout may be: the core's `Staleness`, with
+    the config's checks (docs/design.md §3)."""
 
     max_off_policy_steps: int = attrs.field(default=2, validator=at_least(0))
     max_async_steps: int = attrs.field(

@@ -20,10 +20,10 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 
 import attrs
-from payload_gc import min_fresh_version
 
 from orchestrator.core.payload_refs import PayloadRefs
 from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult, Sample
+from orchestrator.core.staleness import Staleness
 
 # Advantages are differences of float means: a group whose rewards are all equal can leave
 # residues of a few ulps, which are no learning signal.
@@ -40,16 +40,16 @@ class SinkLimits:
 
     `batch_size` samples make a batch; with `constant_size`, exactly that many (the surplus
     of the last group taken is pruned), otherwise whole groups until at least that many.
-    `max_off_policy_steps` is `m` of DESIGN §3. A group whose mean reward lies outside
-    `[curriculum_min_mean_reward, curriculum_max_mean_reward]` is discarded. A sample with
-    more than `max_seq_len` tokens is untrainable.
+    `staleness` decides which groups are too old (docs/design.md §3). A group whose mean
+    reward lies outside `[curriculum_min_mean_reward, curriculum_max_mean_reward]` is
+    discarded. A sample with more than `max_seq_len` tokens is untrainable.
 
     Raises `ValueError` for a limit out of range.
     """
 
     batch_size: int = attrs.field(validator=attrs.validators.ge(1))
     constant_size: bool
-    max_off_policy_steps: int = attrs.field(validator=attrs.validators.ge(0))
+    staleness: Staleness
     curriculum_min_mean_reward: float
     curriculum_max_mean_reward: float
     max_seq_len: int = attrs.field(validator=attrs.validators.ge(1))
@@ -248,7 +248,7 @@ class TrainSink:
         that no queued or shipped sample references, so the files of discarded members
         and branches go at once while a file shared with a queued sibling stays.
         """
-        bound = min_fresh_version(next_step, self.limits.max_off_policy_steps)
+        bound = self.limits.staleness.min_fresh_version(next_step)
         verdict = _judge(group, self.limits, bound)
         self._admitted += sum(_units(rollout) for rollout in group.rollouts)
         for reason, count in verdict.discards.items():
@@ -263,7 +263,7 @@ class TrainSink:
     def drop_stale(self, next_step: int) -> list[str]:
         """The sweep: discard queued groups whose start version is below
         `min_fresh_version(next_step, m)` (counted `stale`); return files to delete."""
-        bound = min_fresh_version(next_step, self.limits.max_off_policy_steps)
+        bound = self.limits.staleness.min_fresh_version(next_step)
         kept: deque[_QueuedGroup] = deque()
         dropped: list[QueuedSample] = []
         for group in self._queue:
@@ -277,7 +277,7 @@ class TrainSink:
 
     def ready(self, next_step: int) -> bool:
         """Whether the queue holds enough fresh samples to assemble batch `next_step`."""
-        bound = min_fresh_version(next_step, self.limits.max_off_policy_steps)
+        bound = self.limits.staleness.min_fresh_version(next_step)
         fresh = sum(len(group.samples) for group in self._queue if group.start_version >= bound)
         return fresh >= self.limits.batch_size
 

@@ -108,12 +108,13 @@ class Dispatcher:
     def _may_start(self) -> bool:
         settings, state = self.settings, self.state
         queued = self.queued_samples()
+        enough = settings.batch_size * state.staleness.batches_in_flight
         return (
             state.may_start_groups()
             and state.inflight_rollouts + settings.group_size <= settings.max_inflight
             # Enough work in the pipe for the batches the gate allows, and no more:
             # anything beyond would only grow stale.
-            and queued + state.inflight_rollouts < settings.batch_size * (state.max_async_steps + 1)
+            and queued + state.inflight_rollouts < enough
         )
 
     async def _run_group(

@@ -19,8 +19,9 @@ import httpx
 import structlog
 import trio
 import watchfiles
-from payload_gc import PayloadGCError, collect_below, min_fresh_version
+from payload_gc import PayloadGCError, collect_below
 
+from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.heap import trim_heap
 from orchestrator.daemon.inference_client import post_update_weights
 from orchestrator.daemon.metrics import CollectionTimes
@@ -36,7 +37,7 @@ log = structlog.get_logger("orchestrator.policy")
 class PolicySettings:
     weights_dir: Path
     payload_root: Path
-    max_off_policy_steps: int
+    staleness: Staleness
     force_polling: bool
     poll_interval_s: float
     request_timeout_s: float
@@ -149,7 +150,7 @@ class PolicyWatcher:
     async def collect(self, version: int) -> None:
         """Delete every `v<k>` below `min_fresh_version(version + 1, m)`."""
         state = self.state
-        bound = min_fresh_version(version + 1, self.settings.max_off_policy_steps)
+        bound = self.settings.staleness.collection_bound(version)
         started = time.monotonic()
         try:
             with trio.fail_after(self.settings.collect_deadline_s):

@@ -269,7 +269,7 @@ def sink_limits(config: Config) -> SinkLimits:
     return SinkLimits(
         batch_size=config.batch.size,
         constant_size=config.batch.constant_size,
-        max_off_policy_steps=config.staleness.max_off_policy_steps,
+        staleness=config.staleness,
         curriculum_min_mean_reward=config.env.curriculum_min_mean_reward,
         curriculum_max_mean_reward=config.env.curriculum_max_mean_reward,
         max_seq_len=config.batch.max_seq_len,
@@ -298,7 +298,7 @@ def policy_settings(config: Config) -> PolicySettings:
     return PolicySettings(
         weights_dir=config.weights_dir,
         payload_root=config.payload_root,
-        max_off_policy_steps=config.staleness.max_off_policy_steps,
+        staleness=config.staleness,
         force_polling=config.trainer.force_polling,
         poll_interval_s=config.trainer.poll_interval_s,
         request_timeout_s=config.inference.request_timeout_s,
@@ -378,8 +378,7 @@ async def run_daemon(
     """
     started = time.monotonic()
     state = RunState(
-        max_off_policy_steps=config.staleness.max_off_policy_steps,
-        max_async_steps=config.staleness.max_async_steps,
+        staleness=config.staleness,
         max_steps=config.max_steps,
         routing_shape=config.routing_shape,
     )

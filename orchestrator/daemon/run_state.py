@@ -12,8 +12,8 @@ from collections import Counter
 
 import attrs
 import trio
-from payload_gc import min_fresh_version
 
+from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.rejections import Rejections
 from orchestrator.payload import RoutingShape
 
@@ -39,8 +39,7 @@ class InflightGroup:
 class RunState:
     """Versions, steps, in-flight work and counters of one daemon run."""
 
-    max_off_policy_steps: int
-    max_async_steps: int
+    staleness: Staleness
     max_steps: int  # 0: run until stopped
     applied_version: int = 0
     # The last version whose update finished: applied, collected and swept.
@@ -89,7 +88,7 @@ class RunState:
     def may_ship(self, step: int) -> bool:
         """The `max_async_steps` gate: batch `step` ships once the applied version is
         at least `step - 1 - max_async_steps`."""
-        return self.applied_version >= step - 1 - self.max_async_steps
+        return self.staleness.may_ship(step, self.applied_version)
 
     def may_start_groups(self) -> bool:
         """New groups start only while the batch being filled could ship."""
@@ -98,13 +97,13 @@ class RunState:
     @property
     def fresh_bound(self) -> int:
         """The oldest group start version the batch being filled may contain."""
-        return min_fresh_version(self.next_step, self.max_off_policy_steps)
+        return self.staleness.min_fresh_version(self.next_step)
 
     @property
     def collection_bound(self) -> int:
         """The bound of the collection that follows applying `applied_version`: versions
         below it are deleted, or about to be (`bound` is set once that collection ends)."""
-        return min_fresh_version(self.applied_version + 1, self.max_off_policy_steps)
+        return self.staleness.collection_bound(self.applied_version)
 
     def record_payload_bytes(self, total: int) -> None:
         self.payload_bytes = total

@@ -18,6 +18,7 @@ import trio
 from orchestrator.config import load_config
 from orchestrator.core.environments import make_environment
 from orchestrator.core.rollouts import GroupResult
+from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.dispatcher import Dispatcher
 from orchestrator.daemon.http11 import HTTP11Client
 from orchestrator.daemon.run import dispatch_settings
@@ -83,7 +84,7 @@ async def test_a_server_answering_garbage_is_counted_per_attempt_and_logged_once
             'payload.mode="inline"',
         ],
     )
-    state = RunState(max_off_policy_steps=2, max_async_steps=1, max_steps=0)
+    state = RunState(staleness=Staleness(2, 1), max_steps=0)
     send, _ = trio.open_memory_channel[GroupResult](1)
     environment = make_environment(
         "math", prompt_len_min=4, prompt_len_max=8, vocab_size=100, max_turns=1

@@ -19,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.core.sink import SinkLimits, TrainSink
+from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.metrics import (
     CONTENT_TYPE,
     BadListenAddress,
@@ -34,7 +35,7 @@ from orchestrator.daemon.run_state import RunState
 LIMITS = SinkLimits(
     batch_size=4,
     constant_size=False,
-    max_off_policy_steps=1,
+    staleness=Staleness(1),
     curriculum_min_mean_reward=0.0,
     curriculum_max_mean_reward=1.0,
     max_seq_len=64,
@@ -101,7 +102,7 @@ async def raw_exchange(address: tuple[str, int], data: bytes, *, half_close: boo
 
 
 def _state() -> RunState:
-    return RunState(max_off_policy_steps=1, max_async_steps=1, max_steps=0)
+    return RunState(staleness=Staleness(1, 1), max_steps=0)
 
 
 async def test_a_scraper_sees_counters_change_between_scrapes() -> None:

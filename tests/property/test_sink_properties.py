@@ -26,6 +26,7 @@ from payload_gc import min_fresh_version, parse_version
 
 from orchestrator.core.rollouts import GroupResult, RolloutResult, Sample
 from orchestrator.core.sink import QueuedSample, SinkLimits, SinkNotReady, TrainSink
+from orchestrator.core.staleness import Staleness
 
 MAX_SEQ_LEN = 8
 
@@ -99,7 +100,7 @@ limits = st.builds(
     SinkLimits,
     batch_size=st.integers(1, 5),
     constant_size=st.booleans(),
-    max_off_policy_steps=st.integers(0, 3),
+    staleness=st.integers(0, 3).map(lambda m: Staleness(m, max_async_steps=0)),
     curriculum_min_mean_reward=st.just(0.0),
     curriculum_max_mean_reward=st.just(1.0),
     max_seq_len=st.just(MAX_SEQ_LEN),
@@ -121,7 +122,8 @@ def operations(m: int) -> st.SearchStrategy[Operation]:
 def runs(draw: st.DrawFn) -> tuple[SinkLimits, list[Operation]]:
     """Limits and a sequence of operations whose ages are relative to those limits."""
     chosen = draw(limits)
-    ops = draw(st.lists(operations(chosen.max_off_policy_steps), min_size=20, max_size=40))
+    m = chosen.staleness.max_off_policy_steps
+    ops = draw(st.lists(operations(m), min_size=20, max_size=40))
     return chosen, ops
 
 
@@ -147,7 +149,7 @@ class Run:
 
     @property
     def m(self) -> int:
-        return self.sink.limits.max_off_policy_steps
+        return self.sink.limits.staleness.max_off_policy_steps
 
     def branch(self, rollout_id: str, spec: BranchSpec, first_turn: str) -> Sample:
         own_turn = f"{PurePosixPath(first_turn).parent}/{next(self.names)}.bin"

@@ -10,6 +10,7 @@ from typing import Any
 import trio
 from payload_gc import min_fresh_version
 
+from orchestrator.core.staleness import Staleness
 from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon.dispatcher import Dispatcher, RolloutRun
 from orchestrator.daemon.run_state import RunState
@@ -44,7 +45,7 @@ def dispatcher(state: RunState, root: Path) -> Dispatcher:
 
 
 async def test_a_missing_file_in_a_live_version_poisons_the_rollout(tmp_path: Path) -> None:
-    state = RunState(max_off_policy_steps=MAX_OFF_POLICY, max_async_steps=1, max_steps=0)
+    state = RunState(staleness=Staleness(MAX_OFF_POLICY, 1), max_steps=0)
     run = run_with_missing_file(tmp_path, version=0)
     await dispatcher(state, tmp_path)._check_files([run])
     assert state.failures["poisoned_payload"] == 1
@@ -55,9 +56,7 @@ async def test_a_missing_file_in_a_live_version_poisons_the_rollout(tmp_path: Pa
 async def test_a_version_under_collection_is_stale_not_poisoned(tmp_path: Path) -> None:
     # Version 6 applied: its collection removes everything below the bound, v3 included,
     # and may be under way while the group's files are checked.
-    state = RunState(
-        max_off_policy_steps=MAX_OFF_POLICY, max_async_steps=1, max_steps=0, applied_version=6
-    )
+    state = RunState(staleness=Staleness(MAX_OFF_POLICY, 1), max_steps=0, applied_version=6)
     assert state.collection_bound == min_fresh_version(7, MAX_OFF_POLICY) > 3
     run = run_with_missing_file(tmp_path, version=3)
     await dispatcher(state, tmp_path)._check_files([run])

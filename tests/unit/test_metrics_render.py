@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 
 from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult, Sample
 from orchestrator.core.sink import SinkLimits, TrainSink
+from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.metrics import CollectionTimes, LoopStats, metrics_registry
 from orchestrator.daemon.run_state import RunState
 
@@ -100,7 +101,7 @@ def value(families: dict[str, Family], name: str, **labels: str) -> float:
 LIMITS = SinkLimits(
     batch_size=2,
     constant_size=True,
-    max_off_policy_steps=1,
+    staleness=Staleness(1),
     curriculum_min_mean_reward=0.0,
     curriculum_max_mean_reward=1.0,
     max_seq_len=64,
@@ -140,7 +141,7 @@ def busy_sink() -> TrainSink:
 
 
 def busy_state() -> RunState:
-    state = RunState(max_off_policy_steps=1, max_async_steps=1, max_steps=0)
+    state = RunState(staleness=Staleness(1, 1), max_steps=0)
     state.applied_version = 3
     state.next_step = 6
     state.bound = 2
@@ -256,7 +257,7 @@ def test_every_discard_reason_is_reported_with_the_sink_counts() -> None:
 
 
 def test_a_new_sink_reports_every_discard_reason_at_zero() -> None:
-    state = RunState(max_off_policy_steps=1, max_async_steps=1, max_steps=0)
+    state = RunState(staleness=Staleness(1, 1), max_steps=0)
     families = parse_exposition(render_metrics(state, TrainSink(LIMITS)))
     samples = families["orchestrator_discards_total"].samples
     assert {dict(labels)["reason"]: count for (_, labels), count in samples.items()} == {
@@ -310,7 +311,7 @@ def test_histograms_are_cumulative_and_end_with_inf() -> None:
 
 
 def test_unknown_figures_are_announced_without_a_sample() -> None:
-    state = RunState(max_off_policy_steps=1, max_async_steps=1, max_steps=0)
+    state = RunState(staleness=Staleness(1, 1), max_steps=0)
     families = parse_exposition(render_metrics(state, TrainSink(LIMITS)))
     for name in (
         "orchestrator_collection_bound",  # no collection yet
@@ -327,7 +328,7 @@ def test_unknown_figures_are_announced_without_a_sample() -> None:
 
 
 def test_label_values_are_escaped() -> None:
-    state = RunState(max_off_policy_steps=1, max_async_steps=1, max_steps=0)
+    state = RunState(staleness=Staleness(1, 1), max_steps=0)
     nasty = 'say "hi"\\now\nnext line'
     state.failures[nasty] = 4
     text = render_metrics(state, TrainSink(LIMITS))
@@ -339,7 +340,7 @@ def test_label_values_are_escaped() -> None:
 @settings(max_examples=60)
 @given(kinds=st.dictionaries(st.text(max_size=12), st.integers(0, 2**53), max_size=5))
 def test_any_label_value_survives_a_round_trip(kinds: dict[str, int]) -> None:
-    state = RunState(max_off_policy_steps=1, max_async_steps=1, max_steps=0)
+    state = RunState(staleness=Staleness(1, 1), max_steps=0)
     state.failures = Counter(kinds)
     families = parse_exposition(render_metrics(state, TrainSink(LIMITS)))
     for kind, count in kinds.items():
@@ -348,7 +349,7 @@ def test_any_label_value_survives_a_round_trip(kinds: dict[str, int]) -> None:
 
 def test_each_registry_reads_its_own_run_and_the_global_registry_is_untouched() -> None:
     # Tests start several daemons in one process: each has a registry of its own.
-    first, second = busy_state(), RunState(max_off_policy_steps=1, max_async_steps=1, max_steps=0)
+    first, second = busy_state(), RunState(staleness=Staleness(1, 1), max_steps=0)
     first_times, second_times = CollectionTimes(), CollectionTimes()
     first_times.observe_collection(1.0)
     registries = [

@@ -12,17 +12,16 @@ from payload_gc import EntryKind, PayloadGCError, RootMissing, RootRefused
 
 from orchestrator.commands.inspect import (
     RunMissing,
-    applied_collection_bound,
     format_as_of,
     format_table,
     format_version,
     human_bytes,
     list_payload_root,
-    next_collection_bound,
     probe_daemon_lock,
     read_run_snapshot,
 )
 from orchestrator.config import Config, SimConfig, StalenessConfig
+from orchestrator.core.staleness import Staleness
 from orchestrator.errors import UserError
 from orchestrator.handoff import (
     LOCK_FILE,
@@ -39,9 +38,9 @@ from orchestrator.handoff import (
 
 def test_design_test_vector() -> None:
     # m = 2, v0..v11 on disk, s = 10 applied: keep v8..v11, delete v0..v7.
-    assert applied_collection_bound(10, 2) == 8
+    assert Staleness(2).collection_bound(10) == 8
     # The next collection comes after v11 is applied.
-    assert next_collection_bound(10, 2) == 9
+    assert Staleness(2).collection_bound(10 + 1) == 9
 
 
 @pytest.mark.parametrize(
@@ -49,13 +48,14 @@ def test_design_test_vector() -> None:
     [(0, 0, 0, 1), (0, 2, -2, -1), (3, 1, 2, 3), (7, 7, 0, 1)],
 )
 def test_bounds_early_in_a_run_may_be_negative(applied: int, m: int, now: int, after: int) -> None:
-    assert applied_collection_bound(applied, m) == now
-    assert next_collection_bound(applied, m) == after
+    staleness = Staleness(m, max_async_steps=0)
+    assert staleness.collection_bound(applied) == now
+    assert staleness.collection_bound(applied + 1) == after
 
 
 def test_negative_max_off_policy_steps_is_an_error() -> None:
     with pytest.raises(ValueError, match="max_off_policy_steps"):
-        applied_collection_bound(3, -1)
+        Staleness(-1, max_async_steps=0)
 
 
 # -- formatting -------------------------------------------------------------------------

@@ -10,12 +10,13 @@ import pytest
 
 from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult, Sample
 from orchestrator.core.sink import SinkLimits, SinkNotReady, TrainSink
+from orchestrator.core.staleness import Staleness
 
 # m = 2: batch 4 may hold groups that started at v1 or later.
 LIMITS = SinkLimits(
     batch_size=4,
     constant_size=True,
-    max_off_policy_steps=2,
+    staleness=Staleness(2),
     curriculum_min_mean_reward=0.0,
     curriculum_max_mean_reward=1.0,
     max_seq_len=16,
@@ -96,7 +97,6 @@ def rollout_ids(sink_or_batch: object) -> list[str]:
     ("change", "message"),
     [
         ({"batch_size": 0}, "'batch_size' must be >= 1"),
-        ({"max_off_policy_steps": -1}, "'max_off_policy_steps' must be >= 0"),
         ({"max_seq_len": 0}, "'max_seq_len' must be >= 1"),
         ({"curriculum_min_mean_reward": 0.6, "curriculum_max_mean_reward": 0.4}, "must be <="),
     ],
