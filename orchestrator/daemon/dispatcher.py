@@ -21,6 +21,7 @@ import trio
 import trio.lowlevel
 from payload_gc import PayloadGCError, PayloadRootFiles
 
+from orchestrator.config import Config
 from orchestrator.core.environments import Environment, Prompt
 from orchestrator.core.rollouts import GroupResult, RolloutResult
 from orchestrator.core.samples import RoutingDonor, build_sample, prompt_routing_donors
@@ -29,29 +30,10 @@ from orchestrator.daemon.http11 import HTTP11Client
 from orchestrator.daemon.inference_client import TurnFiles, check_turn_files, post_generate
 from orchestrator.daemon.run_state import InflightGroup, RunState
 from orchestrator.daemon.server_pool import ServerPool
-from orchestrator.payload import FinalTokenRoute, RoutingShape, version_dir
+from orchestrator.payload import RoutingShape, version_dir
 from orchestrator.wire import InferenceFailure, build_generate_request, parse_generate_response
 
 log = structlog.get_logger("orchestrator.dispatch")
-
-
-@attrs.frozen
-class DispatchSettings:
-    """What the dispatcher needs from the config."""
-
-    group_size: int
-    batch_size: int
-    max_inflight: int
-    max_tokens: int
-    max_turns: int
-    request_timeout_s: float
-    retries: int
-    retry_backoff_s: float
-    payload_root: Path
-    by_handle: bool
-    fields: tuple[str, ...]
-    final_token_route: FinalTokenRoute
-    seed: int
 
 
 @attrs.define
@@ -71,7 +53,7 @@ class RolloutRun:
 class Dispatcher:
     """Starts groups while the gate is open and runs them; see `serve`."""
 
-    settings: DispatchSettings
+    config: Config
     state: RunState
     environment: Environment
     client: HTTP11Client
@@ -82,10 +64,15 @@ class Dispatcher:
     _groups_started: int = 0
     # The last version's payload directory: one Path per version, not one per rollout.
     _last_payload_dir: tuple[int, Path] | None = None
+    # Whether rollouts write payload files (decided by the config once, not per rollout).
+    _writes_files: bool = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._writes_files = self.config.by_handle and bool(self.config.payload.fields)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start groups until cancelled. Closes the results channel when it ends."""
-        rng = random.Random(self.settings.seed)
+        rng = random.Random(self.config.seed)
         async with self.results, trio.open_nursery() as nursery:
             task_status.started()
             while True:
@@ -100,18 +87,18 @@ class Dispatcher:
                 self._groups_started += 1
                 group_id = f"g{self._groups_started:07d}-{prompt.prompt_id}"
                 # Counted here, not in the task, so the gate sees it before the next pass.
-                self.state.inflight_rollouts += self.settings.group_size
-                self.pool.load[server] += self.settings.group_size
+                self.state.inflight_rollouts += self.config.batch.group_size
+                self.pool.load[server] += self.config.batch.group_size
                 nursery.start_soon(self._run_group, group_id, prompt, server, self.results.clone())
                 await trio.lowlevel.checkpoint()
 
     def _may_start(self) -> bool:
-        settings, state = self.settings, self.state
+        config, state = self.config, self.state
         queued = self.queued_samples()
-        enough = settings.batch_size * state.staleness.batches_in_flight
+        enough = config.batch.size * state.staleness.batches_in_flight
         return (
             state.may_start_groups()
-            and state.inflight_rollouts + settings.group_size <= settings.max_inflight
+            and state.inflight_rollouts + config.batch.group_size <= config.inference.max_inflight
             # Enough work in the pipe for the batches the gate allows, and no more:
             # anything beyond would only grow stale.
             and queued + state.inflight_rollouts < enough
@@ -124,7 +111,7 @@ class Dispatcher:
         server: str,
         results: trio.MemorySendChannel[GroupResult],
     ) -> None:
-        state, size = self.state, self.settings.group_size
+        state, size = self.state, self.config.batch.group_size
         start_version = state.applied_version
         runs: list[RolloutRun | None] = [None] * size
         scope = trio.CancelScope()
@@ -187,7 +174,7 @@ class Dispatcher:
         ]
         if not checks:
             return
-        root = self.settings.payload_root
+        root = self.config.payload_root
 
         def check_all() -> list[TurnFiles]:
             try:
@@ -230,21 +217,21 @@ class Dispatcher:
     async def _run_rollout(
         self, rollout_id: str, prompt: Prompt, server: str, stop: trio.Event
     ) -> RolloutRun:
-        settings, state = self.settings, self.state
+        config, state = self.config, self.state
         version = state.applied_version
-        payload_dir = self._payload_dir(version) if settings.by_handle and settings.fields else None
+        payload_dir = self._payload_dir(version) if self._writes_files else None
         run = RolloutRun(rollout_id, version, payload_dir, list(prompt.token_ids), server=server)
-        for turn_index in range(settings.max_turns):
+        for turn_index in range(config.env.max_turns):
             if stop.is_set():
                 run.failed = "stopped: the group can no longer ship"
                 return run
             body = build_generate_request(
                 request_id=f"{rollout_id}-t{turn_index}",
                 token_ids=run.tokens,
-                max_tokens=settings.max_tokens,
-                seed=_seed(settings.seed, rollout_id, turn_index),
+                max_tokens=config.env.max_tokens,
+                seed=_seed(config.seed, rollout_id, turn_index),
                 payload_dir=payload_dir,
-                fields=settings.fields,
+                fields=config.payload.fields,
             )
             try:
                 turn = await self._request_turn(server, body, len(run.tokens), payload_dir, stop)
@@ -273,7 +260,7 @@ class Dispatcher:
 
     def _payload_dir(self, version: int) -> Path:
         if self._last_payload_dir is None or self._last_payload_dir[0] != version:
-            self._last_payload_dir = (version, version_dir(self.settings.payload_root, version))
+            self._last_payload_dir = (version, version_dir(self.config.payload_root, version))
         return self._last_payload_dir[1]
 
     def _finish(
@@ -284,7 +271,7 @@ class Dispatcher:
     ) -> RolloutResult:
         """Score a finished rollout and build its sample (with routing borrowed from
         siblings of its version for prompt rows its server served from the prefix cache)."""
-        settings, state = self.settings, self.state
+        config, state = self.config, self.state
         files = frozenset(f for _, turn in run.turns for f in turn.files)
         if run.failed is not None:
             stopped = run.failed.startswith("stopped")
@@ -299,8 +286,8 @@ class Dispatcher:
                 run.tokens,
                 run.turns,
                 payload_dir=run.payload_dir,
-                fields=settings.fields,
-                final_token_route=settings.final_token_route,
+                fields=config.payload.fields,
+                final_token_route=config.payload.final_token_route,
                 routing_donors=donors,
             )
         except Exception as exc:  # no reply may end the daemon
@@ -342,17 +329,17 @@ class Dispatcher:
 
         Each attempt has its own deadline. Raises the last `InferenceFailure`.
         """
-        settings = self.settings
+        config = self.config
         attempt = 0
         while True:
             try:
-                with trio.fail_after(settings.request_timeout_s):
+                with trio.fail_after(config.inference.request_timeout_s):
                     raw = await post_generate(self.client, server, body)
                 turn = parse_generate_response(
                     raw,
                     prompt_len=prompt_len,
                     payload_dir=payload_dir,
-                    fields=settings.fields,
+                    fields=config.payload.fields,
                     routing_shape=self.state.routing_shape,
                 )
             except trio.TooSlowError:
@@ -370,7 +357,9 @@ class Dispatcher:
                     self._learn_routing_shape(turn, server)
                 return turn
             attempt += 1
-            retrying = failure.transient and attempt <= settings.retries and not stop.is_set()
+            retrying = (
+                failure.transient and attempt <= config.inference.retries and not stop.is_set()
+            )
             self.state.rejections.record(
                 failure.kind, server, failure.detail, attempt=attempt, retrying=retrying
             )
@@ -378,7 +367,7 @@ class Dispatcher:
                 self.pool.mark_down(server, failure.detail)
             if not retrying:
                 raise failure
-            await trio.sleep(min(settings.retry_backoff_s * 2 ** (attempt - 1), 30.0))
+            await trio.sleep(min(config.inference.retry_backoff_s * 2 ** (attempt - 1), 30.0))
 
 
 def _routing_row_shape(turn: TurnOutput) -> tuple[int, ...] | None:

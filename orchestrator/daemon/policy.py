@@ -12,7 +12,6 @@ import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import attrs
 import httpx
@@ -21,7 +20,7 @@ import trio
 import watchfiles
 from payload_gc import PayloadGCError, collect_below
 
-from orchestrator.core.staleness import Staleness
+from orchestrator.config import Config
 from orchestrator.daemon.heap import trim_heap
 from orchestrator.daemon.inference_client import post_update_weights
 from orchestrator.daemon.metrics import CollectionTimes
@@ -33,21 +32,12 @@ from orchestrator.wire import InferenceFailure
 log = structlog.get_logger("orchestrator.policy")
 
 
-@attrs.frozen
-class PolicySettings:
-    weights_dir: Path
-    payload_root: Path
-    staleness: Staleness
-    force_polling: bool
-    poll_interval_s: float
-    request_timeout_s: float
-    retries: int
-    retry_backoff_s: float
-    collect_deadline_s: float = 3600.0
+#: The longest one collection may take before the run stops with an error.
+COLLECT_DEADLINE_S = 3600.0
 
 
 async def broadcast_update_weights(
-    client: httpx.AsyncClient, settings: PolicySettings, pool: ServerPool, version: int
+    client: httpx.AsyncClient, config: Config, pool: ServerPool, version: int
 ) -> None:
     """Tell every healthy server to load `version`, concurrently, with retries.
 
@@ -56,18 +46,18 @@ async def broadcast_update_weights(
     meanwhile. Never raises for a failing server (the prober's deadline decides when
     having no server at all is fatal).
     """
-    weight_dir = weights_step_dir(settings.weights_dir, version)
+    weight_dir = weights_step_dir(config.weights_dir, version)
 
     async def update(url: str) -> None:
-        for attempt in range(settings.retries + 1):
+        for attempt in range(config.inference.retries + 1):
             try:
-                with trio.fail_after(settings.request_timeout_s):
+                with trio.fail_after(config.inference.request_timeout_s):
                     await post_update_weights(client, url, weight_dir)
                 return
             except (InferenceFailure, trio.TooSlowError) as exc:
                 error = str(exc) or "no answer in time"
                 log.warning("update_weights failed", url=url, version=version, error=error)
-            await trio.sleep(min(settings.retry_backoff_s * 2**attempt, 10.0))
+            await trio.sleep(min(config.inference.retry_backoff_s * 2**attempt, 10.0))
         pool.mark_down(url, f"did not load v{version}")
 
     async with trio.open_nursery() as nursery:
@@ -79,7 +69,7 @@ async def broadcast_update_weights(
 class PolicyWatcher:
     """Applies new policy versions as the trainer publishes them; see `serve`."""
 
-    settings: PolicySettings
+    config: Config
     state: RunState
     client: httpx.AsyncClient
     pool: ServerPool
@@ -91,15 +81,13 @@ class PolicyWatcher:
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Watch `weights/` until cancelled; apply each new version in order of arrival."""
-        settings = self.settings
-        await trio.to_thread.run_sync(
-            lambda: settings.weights_dir.mkdir(parents=True, exist_ok=True)
-        )
+        config = self.config
+        await trio.to_thread.run_sync(lambda: config.weights_dir.mkdir(parents=True, exist_ok=True))
         task_status.started()
-        timeout_ms = max(int(settings.poll_interval_s * 1000), 50)
+        timeout_ms = max(int(config.trainer.poll_interval_s * 1000), 50)
         watch = watchfiles.awatch(
-            settings.weights_dir,
-            force_polling=settings.force_polling,
+            config.weights_dir,
+            force_polling=config.trainer.force_polling,
             poll_delay_ms=timeout_ms,
             debounce=50,
             step=20,
@@ -116,7 +104,7 @@ class PolicyWatcher:
     async def check_for_new_version(self) -> None:
         above = self.state.applied_version
         versions = await trio.to_thread.run_sync(
-            functools.partial(published_versions, self.settings.weights_dir, above=above),
+            functools.partial(published_versions, self.config.weights_dir, above=above),
             limiter=self.file_limiter,
         )
         # A version is only legitimate once its batch has shipped: anything newer is a
@@ -136,7 +124,7 @@ class PolicyWatcher:
     async def load(self, version: int) -> None:
         """Load `version` on every server and make it the applied version: rollouts
         dispatched from now on are tagged with it."""
-        await broadcast_update_weights(self.client, self.settings, self.pool, version)
+        await broadcast_update_weights(self.client, self.config, self.pool, version)
         self.state.applied_version = version
         self.state.notify()
 
@@ -150,11 +138,11 @@ class PolicyWatcher:
     async def collect(self, version: int) -> None:
         """Delete every `v<k>` below `min_fresh_version(version + 1, m)`."""
         state = self.state
-        bound = self.settings.staleness.collection_bound(version)
+        bound = self.config.staleness.collection_bound(version)
         started = time.monotonic()
         try:
-            with trio.fail_after(self.settings.collect_deadline_s):
-                report = await collect_below(self.settings.payload_root, bound)
+            with trio.fail_after(COLLECT_DEADLINE_S):
+                report = await collect_below(self.config.payload_root, bound)
         except (PayloadGCError, trio.TooSlowError, OSError) as exc:
             # Disk use grows until the next collection succeeds; the run itself is safe.
             log.error("collection failed", bound=bound, error=str(exc) or repr(exc))

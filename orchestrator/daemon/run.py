@@ -28,7 +28,7 @@ from orchestrator.config import Config
 from orchestrator.core.environments import make_environment
 from orchestrator.core.rollouts import GroupResult
 from orchestrator.core.sink import QueuedSample, SinkLimits, TrainSink
-from orchestrator.daemon.dispatcher import Dispatcher, DispatchSettings
+from orchestrator.daemon.dispatcher import Dispatcher
 from orchestrator.daemon.http_clients import open_clients
 from orchestrator.daemon.metrics import (
     CollectionTimes,
@@ -38,7 +38,7 @@ from orchestrator.daemon.metrics import (
     serve_metrics,
 )
 from orchestrator.daemon.payload_disk import delete_files, measure_tree
-from orchestrator.daemon.policy import PolicySettings, PolicyWatcher
+from orchestrator.daemon.policy import PolicyWatcher
 from orchestrator.daemon.run_state import RunState
 from orchestrator.daemon.server_pool import ProbeSettings, ServerPool, serve_health_prober
 from orchestrator.daemon.stall import Figures, StallWatch, serve_stall_watch
@@ -276,37 +276,6 @@ def sink_limits(config: Config) -> SinkLimits:
     )
 
 
-def dispatch_settings(config: Config) -> DispatchSettings:
-    return DispatchSettings(
-        group_size=config.batch.group_size,
-        batch_size=config.batch.size,
-        max_inflight=config.inference.max_inflight,
-        max_tokens=config.env.max_tokens,
-        max_turns=config.env.max_turns,
-        request_timeout_s=config.inference.request_timeout_s,
-        retries=config.inference.retries,
-        retry_backoff_s=config.inference.retry_backoff_s,
-        payload_root=config.payload_root,
-        by_handle=config.by_handle,
-        fields=tuple(config.payload.fields),
-        final_token_route=config.payload.final_token_route,
-        seed=config.seed,
-    )
-
-
-def policy_settings(config: Config) -> PolicySettings:
-    return PolicySettings(
-        weights_dir=config.weights_dir,
-        payload_root=config.payload_root,
-        staleness=config.staleness,
-        force_polling=config.trainer.force_polling,
-        poll_interval_s=config.trainer.poll_interval_s,
-        request_timeout_s=config.inference.request_timeout_s,
-        retries=config.inference.retries,
-        retry_backoff_s=config.inference.retry_backoff_s,
-    )
-
-
 def probe_settings(config: Config) -> ProbeSettings:
     return ProbeSettings(
         weights_dir=config.weights_dir,
@@ -417,7 +386,7 @@ async def run_daemon(
             pool = ServerPool.of(urls, on_change=state.notify)
             collections = CollectionTimes() if config.metrics.listen else None
             policy = PolicyWatcher(
-                policy_settings(config),
+                config,
                 state,
                 client,
                 pool,
@@ -445,7 +414,7 @@ async def run_daemon(
             await daemon.save_progress()
             send, receive = trio.open_memory_channel[GroupResult](16)
             dispatcher = Dispatcher(
-                dispatch_settings(config),
+                config,
                 state,
                 environment,
                 clients.generate,

@@ -21,7 +21,6 @@ from orchestrator.core.rollouts import GroupResult
 from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.dispatcher import Dispatcher
 from orchestrator.daemon.http11 import HTTP11Client
-from orchestrator.daemon.run import dispatch_settings
 from orchestrator.daemon.run_state import RunState
 from orchestrator.daemon.server_pool import ServerPool
 from orchestrator.wire import InferenceFailure, build_generate_request
@@ -96,7 +95,7 @@ async def test_a_server_answering_garbage_is_counted_per_attempt_and_logged_once
         async with garbage_server() as url, HTTP11Client() as client:
             pool = ServerPool.of([url], on_change=state.notify)
             dispatcher = Dispatcher(
-                dispatch_settings(config),
+                config,
                 state,
                 environment,
                 client,

@@ -38,9 +38,11 @@ def run_with_missing_file(root: Path, version: int) -> RolloutRun:
 def dispatcher(state: RunState, root: Path) -> Dispatcher:
     # Only the payload root, the state and the file limiter take part in the check.
     unused: Any = None
-    settings: Any = SimpleNamespace(payload_root=root)
+    config: Any = SimpleNamespace(
+        payload_root=root, by_handle=True, payload=SimpleNamespace(fields=())
+    )
     return Dispatcher(
-        settings, state, unused, unused, unused, unused, trio.CapacityLimiter(1), unused
+        config, state, unused, unused, unused, unused, trio.CapacityLimiter(1), unused
     )
 
 
