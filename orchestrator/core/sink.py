@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from orchestrator.core.payload_refs import PayloadRefs
-from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult, Sample
+from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult, Sample, TrainSample
 from orchestrator.core.staleness import Staleness
 
 # Advantages are differences of float means: a group whose rewards are all equal can leave
@@ -64,18 +64,11 @@ class SinkLimits:
 
 @attrs.frozen
 class QueuedSample:
-    """A scored sample waiting in the queue (and, once shipped, one entry of a batch).
+    """A scored sample waiting in the queue: the `TrainSample` a batch will carry as is,
+    and the payload files it holds (the sink's bookkeeping, not part of the batch)."""
 
-    `server` is the inference server that generated it (its group's).
-    """
-
-    sample: Sample
-    group_id: str
-    start_version: int
-    dispatch_version: int
-    reward: float
-    advantage: float
-    server: str | None = None
+    sample: TrainSample
+    files: frozenset[str]
 
 
 @attrs.frozen
@@ -142,17 +135,26 @@ def _judge(group: GroupResult, limits: SinkLimits, bound: int) -> _Verdict:
                 continue
             survivors.append(
                 QueuedSample(
-                    sample=sample,
-                    group_id=group.group_id,
-                    start_version=group.start_version,
-                    dispatch_version=rollout.dispatch_version,
-                    reward=rollout.reward,
-                    advantage=rollout.reward - mean_reward,
-                    server=group.server,
+                    TrainSample(
+                        group_id=group.group_id,
+                        rollout_id=sample.rollout_id,
+                        start_version=group.start_version,
+                        dispatch_version=rollout.dispatch_version,
+                        reward=rollout.reward,
+                        advantage=rollout.reward - mean_reward,
+                        token_ids=sample.token_ids,
+                        loss_mask=sample.loss_mask,
+                        logprobs=sample.logprobs,
+                        payload=sample.payload,
+                        payload_dir=sample.payload_dir if sample.payload else None,
+                        inline=sample.inline,
+                        server=group.server,
+                    ),
+                    sample.files,
                 )
             )
 
-    if all(abs(queued.advantage) < _ZERO_ADVANTAGE for queued in survivors):
+    if all(abs(queued.sample.advantage) < _ZERO_ADVANTAGE for queued in survivors):
         discards[Discard.NO_SIGNAL] = len(survivors)
         return _Verdict(discards, ())
     # Written as "not inside" so that a NaN mean reward is rejected too.
@@ -255,7 +257,7 @@ class TrainSink:
             self._counters[reason] += count
         if verdict.queued:
             for queued in verdict.queued:
-                self._refs.hold(queued.sample.files)
+                self._refs.hold(queued.files)
             self._queue.append(_QueuedGroup(group.group_id, group.start_version, verdict.queued))
             self._queued_samples += len(verdict.queued)
         return sorted(self._refs.orphans(_group_files(group)))
@@ -281,7 +283,7 @@ class TrainSink:
         fresh = sum(len(group.samples) for group in self._queue if group.start_version >= bound)
         return fresh >= self.limits.batch_size
 
-    def assemble(self, step: int) -> tuple[list[QueuedSample], list[str]]:
+    def assemble(self, step: int) -> tuple[list[TrainSample], list[str]]:
         """Take batch `step` off the queue; return its samples and the files to delete.
 
         Stale groups are swept first, so the batch never holds a group whose start version
@@ -308,13 +310,13 @@ class TrainSink:
 
         # Pin before releasing, so a file the batch shares with a pruned sibling stays.
         for queued in batch:
-            self._refs.pin(queued.sample.files)
+            self._refs.pin(queued.files)
         shipped_files = self._leave(batch)
         assert not shipped_files, "a pinned file was reported deletable"
         self._shipped += len(batch)
         self._counters[Discard.PRUNED] += len(pruned)
         deletable.extend(self._leave(pruned))
-        return batch, sorted(set(deletable))
+        return [queued.sample for queued in batch], sorted(set(deletable))
 
     def drop_all(self) -> list[str]:
         """Empty the queue (shutdown); return the files to delete.
@@ -340,6 +342,6 @@ class TrainSink:
         count = 0
         for queued in samples:
             count += 1
-            deletable.update(self._refs.release(queued.sample.files))
+            deletable.update(self._refs.release(queued.files))
         self._queued_samples -= count
         return sorted(deletable)

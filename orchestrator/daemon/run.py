@@ -27,7 +27,7 @@ import trio
 from orchestrator.config import Config
 from orchestrator.core.environments import make_environment
 from orchestrator.core.rollouts import GroupResult
-from orchestrator.core.sink import QueuedSample, SinkLimits, TrainSink
+from orchestrator.core.sink import SinkLimits, TrainSink
 from orchestrator.daemon.dispatcher import Dispatcher
 from orchestrator.daemon.http_clients import open_clients
 from orchestrator.daemon.metrics import (
@@ -44,7 +44,7 @@ from orchestrator.daemon.server_pool import ProbeSettings, ServerPool, serve_hea
 from orchestrator.daemon.stall import Figures, StallWatch, serve_stall_watch
 from orchestrator.daemon.startup import find_start_point, wait_for_version, wipe_payload_root
 from orchestrator.daemon.stop import Stop
-from orchestrator.handoff import Progress, TrainSample, publish_batch_async, save_progress
+from orchestrator.handoff import Progress, publish_batch_async, save_progress
 
 log = structlog.get_logger("orchestrator")
 
@@ -121,22 +121,21 @@ class Daemon:
             and sink.ready(state.next_step)
         ):
             step = state.next_step
-            queued, pruned = sink.assemble(step)
+            samples, pruned = sink.assemble(step)
             await self._delete(pruned, "discard")
-            samples = [_train_sample(q) for q in queued]
             batch_dir = await publish_batch_async(self.config.batches_dir, step, samples)
             state.next_step = step + 1
             self.stall.shipped(trio.current_time(), self.figures())
             state.notify()
             await self.save_progress()
             await self._measure_payload()
-            staleness = max(step - 1 - q.start_version for q in queued)
+            staleness = max(step - 1 - s.start_version for s in samples)
             log.info(
                 "shipped batch",
                 step=step,
                 version=state.applied_version,
                 samples=len(samples),
-                groups=len({q.group_id for q in queued}),
+                groups=len({s.group_id for s in samples}),
                 staleness=staleness,
                 discards=dict(sink.counters),
                 files_deleted=sum(state.files_deleted.values()),
@@ -244,25 +243,6 @@ class Daemon:
     async def drop_everything_queued(self) -> None:
         """At the end of a run: nothing queued will ever ship, so free its files now."""
         await self._delete(self.sink.drop_all(), "discard")
-
-
-def _train_sample(queued: QueuedSample) -> TrainSample:
-    sample = queued.sample
-    return TrainSample(
-        group_id=queued.group_id,
-        rollout_id=sample.rollout_id,
-        start_version=queued.start_version,
-        dispatch_version=queued.dispatch_version,
-        reward=queued.reward,
-        advantage=queued.advantage,
-        token_ids=sample.token_ids,
-        loss_mask=sample.loss_mask,
-        logprobs=sample.logprobs,
-        payload=sample.payload,
-        payload_dir=sample.payload_dir if sample.payload else None,
-        inline=sample.inline,
-        server=queued.server,
-    )
 
 
 def sink_limits(config: Config) -> SinkLimits:

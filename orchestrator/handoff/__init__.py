@@ -9,12 +9,13 @@ the run lock). docs/protocol.md § Batches describes the format for trainers in 
 codebases.
 """
 
+from orchestrator.core.rollouts import TrainSample as TrainSample
 from orchestrator.handoff.format import BATCH_FILE as BATCH_FILE
 from orchestrator.handoff.format import BATCH_FORMAT as BATCH_FORMAT
 from orchestrator.handoff.format import BatchDocument as BatchDocument
 from orchestrator.handoff.format import BatchError as BatchError
-from orchestrator.handoff.format import TrainSample as TrainSample
 from orchestrator.handoff.format import decode_batch as decode_batch
+from orchestrator.handoff.format import decode_sample as decode_sample
 from orchestrator.handoff.format import encode_batch as encode_batch
 from orchestrator.handoff.progress import LOCK_FILE as LOCK_FILE
 from orchestrator.handoff.progress import PROGRESS_FILE as PROGRESS_FILE
@@ -65,6 +66,7 @@ __all__ = [
     "TrainSample",
     "batch_step_dir",
     "decode_batch",
+    "decode_sample",
     "encode_batch",
     "hold_run_lock",
     "is_complete_batch",

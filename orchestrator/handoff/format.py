@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import json
 import math
-import operator
-import os
 from collections.abc import Iterable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 import attrs
 import numpy as np
 
+from orchestrator.core.rollouts import TrainSample
 from orchestrator.payload import FIELDS, BadSegment, PayloadSegment
 
 BATCH_FORMAT = "rollout-orchestrator.batch/1"
@@ -69,143 +67,16 @@ class _Malformed(Exception):
         super().__init__(f"{where}: {problem}" if where else problem)
 
 
-def _int_tuple(value: Iterable[int]) -> tuple[int, ...]:
-    # Plain ints only: json.dumps cannot write numpy scalars. tolist() turns an array into
-    # Python numbers; operator.index turns bools into ints and refuses floats rather than
-    # truncating them.
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    return tuple(map(operator.index, value))
+def decode_sample(obj: object, *, source: str = "sample") -> TrainSample:
+    """Parse one sample object, strictly.
 
-
-def _float_tuple(value: Iterable[float]) -> tuple[float, ...]:
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    return tuple(map(float, value))
-
-
-def _segments_by_field(
-    value: Mapping[str, Sequence[PayloadSegment]],
-) -> Mapping[str, tuple[PayloadSegment, ...]]:
-    return MappingProxyType({field: tuple(segments) for field, segments in value.items()})
-
-
-def _inline_by_field(
-    value: Mapping[str, Mapping[str, Any]] | None,
-) -> Mapping[str, Mapping[str, Any]] | None:
-    if value is None:
-        return None
-    return MappingProxyType({field: MappingProxyType(dict(obj)) for field, obj in value.items()})
-
-
-@attrs.frozen
-class TrainSample:
-    """One training sample of a batch: a token sequence with its loss data and payload.
-
-    `loss_mask[i]` is 1 where position `i` is trained on (completion tokens), 0 on prompt
-    positions; `logprobs[i]` is the inference logprob (0.0 on prompt positions). The
-    payload comes by handle (`payload_dir` plus segments per field, already stitched so
-    that they cover the sample's positions), inline (per field, the `encode_inline` form),
-    or not at all (no payload fields requested, or routing dropped because of a gap).
-    `server` is the URL of the inference server that generated the rollout, when known
-    (a reader names it when it drops the sample for a bad payload).
-
-    Raises ValueError when the fields are inconsistent (lengths, versions, payload forms).
+    `source` names where the object came from (`".../batch.json: samples[3]"`) and starts
+    the error message. Raises `BatchError`.
     """
-
-    group_id: str
-    rollout_id: str
-    start_version: int
-    dispatch_version: int
-    reward: float
-    advantage: float
-    token_ids: tuple[int, ...] = attrs.field(converter=_int_tuple)
-    loss_mask: tuple[int, ...] = attrs.field(converter=_int_tuple)
-    logprobs: tuple[float, ...] = attrs.field(converter=_float_tuple)
-    payload: Mapping[str, tuple[PayloadSegment, ...]] = attrs.field(
-        factory=dict, converter=_segments_by_field
-    )
-    payload_dir: str | None = None
-    inline: Mapping[str, Mapping[str, Any]] | None = attrs.field(
-        default=None, converter=_inline_by_field
-    )
-    server: str | None = None
-
-    def __attrs_post_init__(self) -> None:
-        length = len(self.token_ids)
-        if length == 0:
-            raise ValueError("token_ids is empty")
-        if len(self.loss_mask) != length or len(self.logprobs) != length:
-            raise ValueError(
-                f"token_ids, loss_mask and logprobs differ in length "
-                f"({length}, {len(self.loss_mask)}, {len(self.logprobs)})"
-            )
-        if not set(self.loss_mask) <= {0, 1}:
-            raise ValueError("loss_mask holds a value other than 0 and 1")
-        if self.start_version < 0 or self.dispatch_version < self.start_version:
-            raise ValueError(
-                f"versions must satisfy 0 <= start_version <= dispatch_version, "
-                f"got {self.start_version} and {self.dispatch_version}"
-            )
-        if self.payload and self.inline is not None:
-            raise ValueError("a sample carries its payload by handle or inline, not both")
-        if bool(self.payload) != (self.payload_dir is not None):
-            raise ValueError("payload_dir and payload come together")
-        if self.payload_dir is not None and not os.path.isabs(self.payload_dir):
-            raise ValueError(f"payload_dir must be an absolute path, got {self.payload_dir!r}")
-        for field, segments in self.payload.items():
-            if field not in FIELDS:
-                raise ValueError(f"unknown payload field {field!r}")
-            if not segments:
-                raise ValueError(f"payload field {field!r} has no segments")
-            if any(segment.field != field for segment in segments):
-                raise ValueError(f"payload field {field!r} holds a segment of another field")
-        for field in self.inline or {}:
-            if field not in FIELDS:
-                raise ValueError(f"unknown inline field {field!r}")
-
-    @property
-    def payload_fields(self) -> frozenset[str]:
-        """The payload fields this sample carries, by handle or inline."""
-        return frozenset(self.payload) | frozenset(self.inline or {})
-
-    def to_json(self) -> dict[str, Any]:
-        """The sample's JSON object; `server`, `payload_dir`/`payload` and `inline` only
-        when set."""
-        obj: dict[str, Any] = {
-            "group_id": self.group_id,
-            "rollout_id": self.rollout_id,
-            "start_version": self.start_version,
-            "dispatch_version": self.dispatch_version,
-            "reward": self.reward,
-            "advantage": self.advantage,
-            "token_ids": list(self.token_ids),
-            "loss_mask": list(self.loss_mask),
-            "logprobs": list(self.logprobs),
-        }
-        if self.server is not None:
-            obj["server"] = self.server
-        if self.payload:
-            obj["payload_dir"] = self.payload_dir
-            obj["payload"] = {
-                field: [segment.to_json() for segment in segments]
-                for field, segments in self.payload.items()
-            }
-        if self.inline is not None:
-            obj["inline"] = {field: dict(value) for field, value in self.inline.items()}
-        return obj
-
-    @classmethod
-    def from_json(cls, obj: object, *, source: str = "sample") -> TrainSample:
-        """Parse one sample object, strictly.
-
-        `source` names where the object came from (`".../batch.json: samples[3]"`) and
-        starts the error message. Raises `BatchError`.
-        """
-        try:
-            return _parse_sample(obj)
-        except _Malformed as exc:
-            raise BatchError(f"{source}: {exc}") from None
+    try:
+        return _parse_sample(obj)
+    except _Malformed as exc:
+        raise BatchError(f"{source}: {exc}") from None
 
 
 def _sample_tuple(value: Iterable[TrainSample]) -> tuple[TrainSample, ...]:

@@ -21,7 +21,8 @@ from typing import Literal, get_args
 import attrs
 import numpy as np
 
-from orchestrator.handoff.format import BATCH_FILE, BatchError, TrainSample, decode_batch
+from orchestrator.core.rollouts import TrainSample
+from orchestrator.handoff.format import BATCH_FILE, BatchError, decode_batch
 from orchestrator.handoff.step_dirs import parse_step_dir
 from orchestrator.payload import (
     BadSegment,

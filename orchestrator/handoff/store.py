@@ -19,8 +19,9 @@ from pathlib import Path
 
 import trio
 
+from orchestrator.core.rollouts import TrainSample
 from orchestrator.handoff.durable import TEMP_PREFIX, fsync_dir, temp_name, write_file_synced
-from orchestrator.handoff.format import BATCH_FILE, TrainSample, encode_batch
+from orchestrator.handoff.format import BATCH_FILE, encode_batch
 from orchestrator.handoff.step_dirs import complete_steps, is_complete_step_dir, step_dir
 
 # Leftovers of a publish cut short by a crash start with this; nothing else does.

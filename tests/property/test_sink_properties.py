@@ -24,8 +24,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from payload_gc import min_fresh_version, parse_version
 
-from orchestrator.core.rollouts import GroupResult, RolloutResult, Sample
-from orchestrator.core.sink import QueuedSample, SinkLimits, SinkNotReady, TrainSink
+from orchestrator.core.rollouts import GroupResult, RolloutResult, Sample, TrainSample
+from orchestrator.core.sink import SinkLimits, SinkNotReady, TrainSink
 from orchestrator.core.staleness import Staleness
 
 MAX_SEQ_LEN = 8
@@ -195,7 +195,7 @@ class Run:
 
     def deleted(self, files: list[str]) -> None:
         assert files == sorted(set(files))
-        queued_files = {path for queued in self.sink.queued() for path in queued.sample.files}
+        queued_files = {path for queued in self.sink.queued() for path in queued.files}
         for path in files:
             assert path in self.every_file, f"{path} was never written"
             self.returned[path] += 1
@@ -204,7 +204,9 @@ class Run:
             if path in self.shipped_files:
                 assert version_of(path) < self.forgotten_below, f"{path} is shipped"
 
-    def check_batch(self, step: int, batch: list[QueuedSample]) -> None:
+    def check_batch(
+        self, step: int, batch: list[TrainSample], files_of: dict[int, frozenset[str]]
+    ) -> None:
         limits = self.sink.limits
         bound = min_fresh_version(step, self.m)
         assert all(queued.start_version >= bound for queued in batch)
@@ -213,12 +215,12 @@ class Run:
         else:
             assert len(batch) >= limits.batch_size
         # Whole groups leave the queue (with constant_size, the last one's surplus is pruned).
-        remaining = {queued.group_id for queued in self.sink.queued()}
+        remaining = {queued.sample.group_id for queued in self.sink.queued()}
         assert not remaining & {queued.group_id for queued in batch}, "a group was split"
         order = [self.admission_order[queued.group_id] for queued in batch]
         assert order == sorted(order), "groups were not taken first in, first out"
-        for queued in batch:
-            self.shipped_files |= queued.sample.files
+        for sample in batch:
+            self.shipped_files |= files_of[id(sample)]
 
     def check_state(self) -> None:
         sink = self.sink
@@ -244,8 +246,10 @@ class Run:
             assert (sink.queued(), sink.counters) == before
         else:
             step = self.next_step
+            # The sink ships the very samples it queued; their files stay its bookkeeping.
+            files_of = {id(queued.sample): queued.files for queued in sink.queued()}
             batch, files = sink.assemble(step)
-            self.check_batch(step, batch)
+            self.check_batch(step, batch, files_of)
             self.deleted(files)
             self.next_step += 1
             if op.collect:

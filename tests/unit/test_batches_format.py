@@ -13,6 +13,7 @@ from orchestrator.handoff import (
     BatchError,
     TrainSample,
     decode_batch,
+    decode_sample,
     encode_batch,
 )
 from orchestrator.payload import PayloadSegment, encode_inline
@@ -54,7 +55,7 @@ def test_sample_json_round_trip_in_all_three_payload_forms() -> None:
     inline = {"sampling_mask": encode_inline(np.full((4, 3), -1, dtype=np.int32), 0)}
     for sample in (make_sample(), by_handle_sample(), make_sample(inline=inline)):
         obj = json.loads(json.dumps(sample.to_json()))
-        assert TrainSample.from_json(obj) == sample
+        assert decode_sample(obj) == sample
 
 
 def test_to_json_names_exactly_the_documented_keys() -> None:
@@ -201,9 +202,7 @@ def test_malformed_batches_raise_one_line_naming_the_file(data: bytes, message: 
 
 def test_sample_from_json_names_its_source() -> None:
     with pytest.raises(BatchError, match=r"^b\.json: samples\[2\]: reward: expected a number"):
-        TrainSample.from_json(
-            {**make_sample().to_json(), "reward": "x"}, source="b.json: samples[2]"
-        )
+        decode_sample({**make_sample().to_json(), "reward": "x"}, source="b.json: samples[2]")
 
 
 def test_train_sample_is_frozen() -> None:
@@ -236,12 +235,12 @@ def test_the_server_key_is_optional_a_string_and_round_trips() -> None:
     for sample in samples:
         obj = sample.to_json()
         assert obj["server"] == server
-        assert TrainSample.from_json(json.loads(json.dumps(obj))) == sample
+        assert decode_sample(json.loads(json.dumps(obj))) == sample
     document = decode_batch(encode_batch(3, samples, created_at=1.0), source="b.json")
     assert [sample.server for sample in document.samples] == [server, server]
     # Absent when unknown, and a batch without it still reads (server None).
     assert "server" not in make_sample().to_json()
-    assert TrainSample.from_json(make_sample().to_json()).server is None
+    assert decode_sample(make_sample().to_json()).server is None
     for bad, kind in ((None, "null"), (7, "a number"), (["x"], "a list")):
         with pytest.raises(
             BatchError, match=rf"^b\.json: samples\[0\]: server: expected a string, got {kind}$"

@@ -85,9 +85,10 @@ def assert_balanced(sink: TrainSink) -> None:
 
 
 def rollout_ids(sink_or_batch: object) -> list[str]:
-    queued = sink_or_batch.queued() if isinstance(sink_or_batch, TrainSink) else sink_or_batch
-    assert isinstance(queued, list)
-    return [entry.sample.rollout_id for entry in queued]
+    if isinstance(sink_or_batch, TrainSink):
+        return [entry.sample.rollout_id for entry in sink_or_batch.queued()]
+    assert isinstance(sink_or_batch, list)
+    return [sample.rollout_id for sample in sink_or_batch]
 
 
 # -- limits ---------------------------------------------------------------------------
@@ -116,12 +117,12 @@ def test_a_fresh_group_with_signal_is_queued_with_its_advantages() -> None:
 
     assert deleted == []
     assert sink.counters == counts()
-    assert [(q.sample.rollout_id, q.reward, q.advantage) for q in sink.queued()] == [
+    assert [(q.sample.rollout_id, q.sample.reward, q.sample.advantage) for q in sink.queued()] == [
         ("a", 1.0, 0.5),
         ("b", 0.0, -0.5),
         ("c", 0.5, 0.0),
     ]
-    first = sink.queued()[0]
+    first = sink.queued()[0].sample
     assert (first.group_id, first.start_version, first.dispatch_version) == ("g", 3, 3)
     assert (sink.queued_samples, sink.queued_groups, sink.oldest_start_version) == (3, 1, 3)
     assert_balanced(sink)
@@ -170,7 +171,7 @@ def test_failed_members_are_counted_and_their_earlier_turns_deleted() -> None:
     assert deleted == [path("c-turn1")]
     assert sink.counters == counts(failed=1)
     # The mean is over the members that did not fail: (1 + 0) / 2.
-    assert [q.advantage for q in sink.queued()] == [0.5, -0.5]
+    assert [q.sample.advantage for q in sink.queued()] == [0.5, -0.5]
     assert_balanced(sink)
 
 
@@ -206,7 +207,7 @@ def test_an_untrainable_branch_is_discarded_and_its_own_files_deleted(bad_branch
     assert deleted == [path("a-bad")]
     assert sink.counters == counts(untrainable=1)
     assert rollout_ids(sink) == ["a", "b"]
-    assert sink.queued()[0].sample.files == {path("a-good")}
+    assert sink.queued()[0].files == {path("a-good")}
     assert_balanced(sink)
 
 
@@ -262,7 +263,7 @@ def test_a_member_without_branches_counts_untrainable_and_loses_its_files() -> N
     assert deleted == [path("c-turn1")]
     assert sink.counters == counts(untrainable=1)
     # Its reward still counts in the mean: (1 + 0 + 1) / 3.
-    assert [round(q.advantage, 6) for q in sink.queued()] == [0.333333, -0.666667]
+    assert [round(q.sample.advantage, 6) for q in sink.queued()] == [0.333333, -0.666667]
     assert_balanced(sink)
 
 
@@ -423,10 +424,9 @@ def test_constant_size_prunes_the_surplus_of_the_last_group() -> None:
 
     batch, deleted = sink.assemble(4)
 
-    assert [(q.group_id, q.sample.files) for q in batch][-1] == (
-        "g2",
-        frozenset({shared, path("c-left")}),
-    )
+    # The last sample shipped is g2's left branch: its files are pinned, the right's not.
+    assert (batch[-1].group_id, batch[-1].rollout_id) == ("g2", "c")
+    assert sink.refs.is_pinned(path("c-left")) and not sink.refs.is_pinned(path("c-right"))
     assert len(batch) == 3
     # The pruned sibling's own file goes; the turn it shares with a shipped branch stays.
     assert deleted == [path("c-right"), path("d")]
@@ -527,8 +527,6 @@ def test_counters_are_a_copy() -> None:
 
 
 def test_each_queued_sample_carries_its_groups_server_into_the_batch() -> None:
-    from orchestrator.daemon.run import _train_sample
-
     sink = TrainSink(LIMITS)
     server = "http://10.0.0.5:8000"
     pinned = attrs.evolve(group("g1", 3, simple("a", 1.0), simple("b", 0.0)), server=server)
@@ -538,4 +536,4 @@ def test_each_queued_sample_carries_its_groups_server_into_the_batch() -> None:
     batch, _ = sink.assemble(4)
 
     assert [q.server for q in batch] == [server, server, None, None]
-    assert [_train_sample(q).to_json().get("server") for q in batch] == [server, server, None, None]
+    assert [q.to_json().get("server") for q in batch] == [server, server, None, None]
