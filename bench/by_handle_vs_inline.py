@@ -1,6 +1,6 @@
 """Payloads by handle vs inline: response bytes and request latency on the local server.
 
-The workload of the by-handle design's GPU measurement (DESIGN §1): 16 requests of 500 to
+The workload of the by-handle design's GPU measurement (docs/design.md §1): 16 requests of 500 to
 8,000 prompt tokens, 256 new tokens, concurrency 8, the default model shape (48 layers,
 top-8 of 128 experts), routed experts and sampling masks requested, the same seeds in
 both modes. Each round runs a fresh `orchestrator sim-inference` process (a cold prefix

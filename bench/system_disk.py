@@ -25,7 +25,7 @@ about, which is growth:
 The two runs:
 
 1. **as built**: the daemon deletes the files of discarded and swept rollouts at once
-   (DESIGN §6), and the collector removes versions below the bound (DESIGN §3);
+   (docs/design.md §6), and the collector removes versions below the bound (docs/design.md §3);
 2. **early deletion off**: the same daemon with its discard/sweep deletions skipped, so
    only the collector frees space. There is no switch for this: the benchmark wraps the
    daemon's one deletion method (`Daemon._delete`) in this process and skips the

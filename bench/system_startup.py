@@ -8,7 +8,7 @@ disk before anything is timed.
 
 Then it starts the daemon (in this process, with one local server as a separate
 process). The run resumes at S + 1: it applies vS and collects every version below
-min_fresh_version(S + 1, m) = S - m (DESIGN §7), here v0..v(S-m-1), while it dispatches
+min_fresh_version(S + 1, m) = S - m (docs/design.md §7), here v0..v(S-m-1), while it dispatches
 rollouts of vS. Measured: the time from calling `run_daemon` to the first dispatched
 rollout and to the end of the start-up collection, the collection's own duration and
 rate (from payload_gc's audit log line), and the event loop's worst lag meanwhile (a task
@@ -79,7 +79,7 @@ def build_roots(roots: list[Path], versions: int, files: int, size: int) -> None
     payload = os.urandom(size)
     for root in roots:
         root.mkdir(parents=True)
-        # The marker a run's root carries (DESIGN §7): a resumed run does not need it, but
+        # The marker a run's root carries (docs/design.md §7): a resumed run does not need it, but
         # it makes the copy an exact payload root too.
         (root / ".payload-root").write_text("")
     started = time.monotonic()

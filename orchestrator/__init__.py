@@ -2,7 +2,7 @@
 
 The trainer-side API lives here so a trainer can read batches without knowing the
 package's layout: `read_batch(batch_dir)` returns the samples with their arrays, read
-through the payload reader (DESIGN §5); `read_batch(batch_dir, on_corrupt="drop")` leaves
+through the payload reader (docs/design.md §5); `read_batch(batch_dir, on_corrupt="drop")` leaves
 out samples with broken payload files and names them in `Batch.dropped`.
 """
 

@@ -1,4 +1,4 @@
-"""Collecting a root: delete every `v<k>` below the bound (DESIGN §8), with a sync API for
+"""Collecting a root: delete every `v<k>` below the bound (docs/design.md §8), with a sync API for
 the command line and an async one for the daemon."""
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ def collect_below_sync(
     """Delete every direct child `v<k>` of `root` with `k < bound`, in up to
     `max_workers` threads (one version directory per thread at a time).
 
-    Follows the rules of DESIGN §8: no symbolic link is followed (a link named like a
+    Follows the rules of docs/design.md §8: no symbolic link is followed (a link named like a
     version is unlinked), no mount point is entered (another filesystem or a bind mount
     of the root's own, told apart by mount id), missing files count as deleted, and one
     audit line is appended. A directory that cannot be deleted entirely (e.g. permission

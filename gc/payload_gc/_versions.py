@@ -1,4 +1,4 @@
-"""Version directory names and the staleness bound (DESIGN §3), pure arithmetic."""
+"""Version directory names and the staleness bound (docs/design.md §3), pure arithmetic."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Start-up of a fresh run (DESIGN §7): wipe the payload root and mark it as one."""
+"""Start-up of a fresh run (docs/design.md §7): wipe the payload root and mark it as one."""
 
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ def bound_from_args(args: argparse.Namespace) -> int | None:
         raise UsageError("--step and --max-off-policy-steps go together")
     if args.max_off_policy_steps < 0:
         raise UsageError(f"--max-off-policy-steps must be >= 0, got {args.max_off_policy_steps}")
-    # After v{S} is applied everywhere, batches <= S were read (DESIGN §3).
+    # After v{S} is applied everywhere, batches <= S were read (docs/design.md §3).
     return min_fresh_version(int(args.step) + 1, int(args.max_off_policy_steps))
 
 

@@ -3,7 +3,7 @@
 The bound comes from the run's own state: `min_fresh_version(applied + 1, m)`, with
 `applied` the applied version the daemon last saved in `progress.json`, never more: a
 version the daemon has not applied may still be in use by inference servers, and a batch
-the trainer has not read may still reference files below a higher bound (DESIGN §3).
+the trainer has not read may still reference files below a higher bound (docs/design.md §3).
 
 The collection goes through `payload_gc.collect_below_sync`, so it takes the collector's
 lock: it is safe while the daemon runs (the daemon's own collections wait for the lock),

@@ -2,11 +2,11 @@
 it, the collection bounds that follow from it, and how both print sizes and tables.
 
 Everything here reads disk only, so it works the same whether a daemon runs or not:
-- whether a daemon holds the run's lock (`<state_dir>/daemon.lock`, DESIGN §5);
+- whether a daemon holds the run's lock (`<state_dir>/daemon.lock`, docs/design.md §5);
 - the last shipped step: the complete batch directories are the truth, not progress;
 - the latest published weights version (`STABLE` markers);
 - `progress.json`, the daemon's last saved snapshot (applied version, last bound, ...);
-- the collection bounds that follow from the applied version (DESIGN §3).
+- the collection bounds that follow from the applied version (docs/design.md §3).
 
 The bound arithmetic and the formatting are pure; the readers block (these commands run
 no event loop).

@@ -122,7 +122,7 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
             )
             state.record_payload_bytes(on_disk)
         # A stop can land between a batch's rename into place and the daemon counting it:
-        # the batch directories on disk are what was shipped (DESIGN §5).
+        # the batch directories on disk are what was shipped (docs/design.md §5).
         batches = config.batches_dir
         shipped = shipped_steps(batches) if batches.is_dir() else []
         state.next_step = max(state.next_step, shipped[-1] + 1 if shipped else 1)

@@ -1,4 +1,4 @@
-"""The end-of-run summary and the invariants it checks (DESIGN §10).
+"""The end-of-run summary and the invariants it checks (docs/design.md §11).
 
 Invariants, checked from what is on disk, not from what the daemon believes:
 - batches 1..N are contiguous: the complete batch directories are exactly `step_1..N`;
@@ -41,7 +41,7 @@ def check_invariants(
     """Check the run's invariants on disk. Blocking.
 
     `stopped`: the run was stopped by a signal. Requests it cancelled may still write
-    files into versions below the bound, which the next collection removes (DESIGN §3):
+    files into versions below the bound, which the next collection removes (docs/design.md §3):
     what is left below the bound is then reported, but cannot be held against the run.
     """
     steps = shipped_steps(batches_dir) if batches_dir.exists() else []

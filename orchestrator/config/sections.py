@@ -141,7 +141,7 @@ class InferenceConfig:
 
 @attrs.frozen
 class TrainerConfig:
-    """The file hand-off with the trainer (DESIGN §5)."""
+    """The file hand-off with the trainer (docs/design.md §5)."""
 
     # None: <run_dir>/batches and <run_dir>/weights (see Config.batches_dir/weights_dir).
     batches_dir: Path | None = attrs.field(default=None, converter=_optional_absolute_path)

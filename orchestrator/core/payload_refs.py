@@ -1,6 +1,6 @@
 """Reference counts of payload files: which files a queued or shipped sample still needs.
 
-The sink decides when a discarded sample's payload files may be deleted (DESIGN §6): a file
+The sink decides when a discarded sample's payload files may be deleted (docs/design.md §6): a file
 is safe to delete once no queued sample holds it and no shipped sample references it.
 Branches of one rollout share files (every branch reads the turns before it forked), so
 a file is deleted with the last sample that holds it, not with the first.

@@ -3,7 +3,7 @@
 Values only (no I/O): the dispatcher builds them from inference responses, the sink scores
 and queues them, batch assembly turns queued samples into `TrainSample`s.
 
-Vocabulary (DESIGN §3, §6):
+Vocabulary (docs/design.md §3, §6):
 - a *group* is `group_size` rollouts of one prompt (GRPO); its *start version* `g` is the
   applied policy version when its first member was dispatched;
 - a *rollout* is one trajectory, dispatched under version `k >= g`; every payload file it
@@ -28,7 +28,7 @@ from orchestrator.payload import FIELDS, PayloadSegment
 
 
 class Discard(enum.Enum):
-    """Why a rollout or sample left the sink without shipping (DESIGN §6)."""
+    """Why a rollout or sample left the sink without shipping (docs/design.md §6)."""
 
     STALE = "stale"  # group start below the bound, at admission or in the sweep
     NO_SIGNAL = "no_signal"  # every advantage zero

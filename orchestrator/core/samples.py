@@ -1,5 +1,5 @@
 """From a rollout's turns to a trainable sample (pure): tokens, loss mask, logprobs, and
-the payload stitched for the sample's span (DESIGN §4 "From turns to samples").
+the payload stitched for the sample's span (docs/design.md §4, "From turns to samples").
 
 Prefix caching across a group: members of a GRPO group share their prompt, so a server
 that already ran one member's prompt serves the others' prompt rows from its prefix

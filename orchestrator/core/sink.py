@@ -1,5 +1,5 @@
 """The train sink: scores finished groups, discards what cannot be trained, queues the rest
-and assembles batches from the queue (DESIGN §3, §6).
+and assembles batches from the queue (docs/design.md §3, §6).
 
 Pure logic: no I/O, no clock, no trio. The sink never deletes a file itself. Every
 operation returns the absolute paths of payload files that just became safe to delete (no

@@ -2,7 +2,7 @@
 
 Each group is `group_size` rollouts of one prompt, pinned to one inference server. Every
 rollout is stamped with the applied version `k` at its dispatch and writes its payload
-files into `<root>/v<k>/` (DESIGN §3). A group runs in its own cancel scope, so the policy
+files into `<root>/v<k>/` (docs/design.md §3). A group runs in its own cancel scope, so the policy
 watcher can cancel groups that can no longer ship (their files are left to the version
 collector and to the sink's stale accounting).
 """
@@ -25,6 +25,7 @@ from orchestrator.config import Config
 from orchestrator.core.environments import Environment, Prompt
 from orchestrator.core.rollouts import GroupResult, RolloutResult
 from orchestrator.core.samples import RoutingDonor, build_sample, prompt_routing_donors
+from orchestrator.core.sink import TrainSink
 from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon.http11 import HTTP11Client
 from orchestrator.daemon.inference_client import TurnFiles, check_turn_files, post_generate
@@ -58,7 +59,7 @@ class Dispatcher:
     environment: Environment
     client: HTTP11Client
     results: trio.MemorySendChannel[GroupResult]
-    queued_samples: Callable[[], int]  # the sink's count of queued samples
+    sink: TrainSink  # read for its count of queued samples
     file_limiter: trio.CapacityLimiter
     pool: ServerPool
     _groups_started: int = 0
@@ -94,7 +95,7 @@ class Dispatcher:
 
     def _may_start(self) -> bool:
         config, state = self.config, self.state
-        queued = self.queued_samples()
+        queued = self.sink.queued_samples
         enough = config.batch.size * state.staleness.batches_in_flight
         return (
             state.may_start_groups()

@@ -1,5 +1,5 @@
 """Policy updates: watch `weights/`, make every server load the new version, apply it,
-collect payload versions below the bound, then sweep stale groups (DESIGN §3, §5).
+collect payload versions below the bound, then sweep stale groups (docs/design.md §3, §5).
 
 The order is the guarantee: a version is applied only after every inference server has
 loaded it, and `v<k>` directories are collected only once the version is applied, with
@@ -115,7 +115,7 @@ class PolicyWatcher:
             await self.apply(usable[-1])
 
     async def apply(self, version: int) -> None:
-        """Load `version` on every server, apply it, collect, sweep (DESIGN §5)."""
+        """Load `version` on every server, apply it, collect, sweep (docs/design.md §5)."""
         previous = self.state.applied_version
         await self.load(version)
         await self.settle(version)

@@ -1,7 +1,7 @@
 """The daemon: one trio nursery owned by `run_daemon`, every component started in it.
 
     local fleet / trainer (optional) ─┐
-    start-up sync (DESIGN §7) ────────┤
+    start-up sync (docs/design.md §7) ────────┤
     policy watcher ── apply, collect, sweep
     dispatcher ──(GroupResult channel)──> sink: admit, delete discarded files
                                           shipper: assemble, publish, save progress
@@ -379,7 +379,7 @@ async def run_daemon(
                 pool,
                 client,
                 probe_settings(config),
-                lambda: state.applied_version,
+                state,
             )
             if start.resumed:
                 log.info("resuming", last_shipped=start.resume_step)
@@ -399,7 +399,7 @@ async def run_daemon(
                 environment,
                 clients.generate,
                 send,
-                lambda: daemon.sink.queued_samples,
+                daemon.sink,
                 daemon.file_limiter,
                 pool,
             )
@@ -418,7 +418,7 @@ async def run_daemon(
             await nursery.start(dispatcher.serve)
             await nursery.start(daemon.serve_stall_watch)
             if start.resumed and start.resume_step > 0:
-                # The start-up collection (DESIGN §7) runs like any policy update's, beside
+                # The start-up collection (docs/design.md §7) runs like any policy update's, beside
                 # the rollouts of the applied version: over a root of a million files it
                 # takes minutes that the servers would otherwise sit idle.
                 nursery.start_soon(_settle_resumed, policy, start.resume_step)

@@ -1,4 +1,4 @@
-"""The daemon's shared, in-memory state and the staleness gate (DESIGN §3).
+"""The daemon's shared, in-memory state and the staleness gate (docs/design.md §3).
 
 All components run in one trio thread, so plain attributes are safe as long as no
 `await` separates a read from the write that depends on it. Components that wait for

@@ -19,6 +19,7 @@ import structlog
 import trio
 
 from orchestrator.daemon.inference_client import post_update_weights
+from orchestrator.daemon.run_state import RunState
 from orchestrator.wire import HEALTH_PATH, InferenceFailure
 
 log = structlog.get_logger("orchestrator.servers")
@@ -89,7 +90,7 @@ async def serve_health_prober(
     pool: ServerPool,
     client: httpx.AsyncClient,
     settings: ProbeSettings,
-    applied_version: Callable[[], int],
+    state: RunState,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -107,7 +108,7 @@ async def serve_health_prober(
             with trio.move_on_after(settings.request_timeout_s):
                 if not await probe_health(client, url):
                     continue
-                version = applied_version()
+                version = state.applied_version
                 if version > 0:
                     try:
                         await post_update_weights(
@@ -117,7 +118,7 @@ async def serve_health_prober(
                         log.warning("recovering server refused weights", url=url, error=str(exc))
                         continue
                 # A policy update that ran meanwhile skipped this server: try again.
-                if applied_version() == version:
+                if state.applied_version == version:
                     pool.mark_up(url)
         down_for = pool.all_down_for()
         if down_for is not None and down_for > settings.unavailable_deadline_s:

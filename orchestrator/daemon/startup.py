@@ -1,4 +1,4 @@
-"""Start-up sync (DESIGN §7): a fresh run wipes the payload root; a resumed run keeps it,
+"""Start-up sync (docs/design.md §7): a fresh run wipes the payload root; a resumed run keeps it,
 waits for the trainer to publish the last shipped step, applies it, and collects."""
 
 from __future__ import annotations

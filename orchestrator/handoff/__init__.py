@@ -1,6 +1,6 @@
 """The trainer hand-off: batches shipped as files, published weights, the daemon's progress.
 
-DESIGN §5. The orchestrator ships batch `s` as `<batches_dir>/step_NNNNNN/batch.json`,
+docs/design.md §5. The orchestrator ships batch `s` as `<batches_dir>/step_NNNNNN/batch.json`,
 published atomically and never rewritten (`store`, in the format of `format`); the
 trainer reads it (payload bytes included: `reader`'s `read_batch`, also exported as
 `orchestrator.read_batch`) and then publishes `v{s}` as `<weights_dir>/step_NNNNNN/STABLE`

@@ -1,4 +1,4 @@
-"""The batch file format (DESIGN §5): `batch.json` and its samples, as pure values.
+"""The batch file format (docs/design.md §5): `batch.json` and its samples, as pure values.
 
 One JSON document per batch::
 

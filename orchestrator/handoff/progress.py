@@ -1,4 +1,4 @@
-"""The daemon's own state on disk: `<run_dir>/orchestrator/` (DESIGN §5).
+"""The daemon's own state on disk: `<run_dir>/orchestrator/` (docs/design.md §5).
 
 - `progress.json`: saved atomically after every shipped batch and every applied version,
   for `orchestrator status` and for people. It is informative: the source of truth for

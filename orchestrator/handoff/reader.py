@@ -247,7 +247,7 @@ def _read_payload(sample: TrainSample, window: range, *, verify: bool) -> dict[s
     length = len(sample.token_ids)
     if sample.payload_dir is not None:
         payload_dir = Path(sample.payload_dir)
-        # Every turn of a rollout writes into <root>/v<k>, k its dispatch version (DESIGN
+        # Every turn of a rollout writes into <root>/v<k>, k its dispatch version (docs/design.md
         # §3): a sample pointing elsewhere would escape the collector's bound.
         if payload_dir.name != f"v{sample.dispatch_version}":
             raise BadSegment(

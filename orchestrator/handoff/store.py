@@ -1,4 +1,4 @@
-"""Publishing batches into `batches_dir` and listing the shipped ones (DESIGN §5).
+"""Publishing batches into `batches_dir` and listing the shipped ones (docs/design.md §5).
 
 A batch is published atomically: its directory is built under a hidden temp name,
 fsynced, and renamed into place, so a trainer (on this host or another) sees either no

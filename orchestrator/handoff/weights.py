@@ -1,6 +1,6 @@
 """Published policy weights: `<weights_dir>/step_000007/STABLE` means "v7 is published".
 
-DESIGN §3 and §5: the trainer reads batch `s`, trains on it, then publishes `v{s}` by
+docs/design.md §3 and §5: the trainer reads batch `s`, trains on it, then publishes `v{s}` by
 writing the step's files and the `STABLE` marker last. `v0` is the initial weights and
 needs no marker. Readers (the orchestrator's policy watcher, the local trainer resuming
 after a kill) only ever trust a step directory that holds `STABLE`.

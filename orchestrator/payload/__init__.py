@@ -1,7 +1,7 @@
 """Payloads by handle: segments, the writer, the inline codec, stitching and the reader.
 
 Inference servers write routed expert ids and sampling masks into files under
-``<root>/v<k>/`` and return small `PayloadSegment` records (DESIGN §4); the orchestrator
+``<root>/v<k>/`` and return small `PayloadSegment` records (docs/design.md §4); the orchestrator
 validates and stitches them into per-sample segments; the trainer reads them back.
 """
 

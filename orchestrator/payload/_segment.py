@@ -1,6 +1,6 @@
 """Payload segments: small records that point at an array's bytes inside a payload file.
 
-A segment is the by-handle form of one array (DESIGN §4): the server writes the bytes into
+A segment is the by-handle form of one array (docs/design.md §4): the server writes the bytes into
 ``<payload_dir>/<file>`` and returns ``{"field", "file", "offset", "pos", "shape", "dtype",
 "digest"}``. Row ``i`` of the array belongs to token position ``pos + i``.
 
@@ -101,7 +101,7 @@ class PayloadSegment:
         return self.offset, self.nbytes
 
     def to_json(self) -> dict[str, Any]:
-        """The wire form of DESIGN §4; the optional keys appear only when set."""
+        """The wire form of docs/design.md §4; the optional keys appear only when set."""
         obj: dict[str, Any] = {
             "field": self.field,
             "file": self.file,

@@ -1,4 +1,5 @@
-"""Checks a segment must pass before anything it points at is trusted or read (DESIGN §4)."""
+"""Checks a segment must pass before anything it points at is trusted or read
+(docs/design.md §4)."""
 
 from __future__ import annotations
 
@@ -50,14 +51,14 @@ def validate_payload_dir(payload_dir: Path, *, root: Path, version: int) -> None
 def validate_segment(
     segment: PayloadSegment, *, payload_dir: Path, file_size: int | None = None
 ) -> Path:
-    """Check one segment against DESIGN §4 (`check_segment`) and return the path of its
+    """Check one segment against docs/design.md §4 (`check_segment`) and return the path of its
     file, or `payload_dir` itself for a fill segment."""
     check_segment(segment, file_size=file_size)
     return payload_dir if segment.is_fill else payload_dir / segment.file
 
 
 def check_segment(segment: PayloadSegment, *, file_size: int | None = None) -> None:
-    """Check one segment against DESIGN §4.
+    """Check one segment against docs/design.md §4.
 
     Checks, without touching the filesystem: the file is a plain name (not empty, no
     ``/`` or ``\\``, not ``.`` or ``..``, not absolute, no NUL), so its path stays inside

@@ -1,6 +1,6 @@
 """The local fleet: simulated inference servers over a deterministic MoE model.
 
-`serve_inference(SimInferenceConfig(...))` runs one server (DESIGN §4) until cancelled;
+`serve_inference(SimInferenceConfig(...))` runs one server (docs/design.md §4) until cancelled;
 `SimModel` and the pure functions below are what it computes, usable without a server
 (a test can recompute what a server returned).
 """

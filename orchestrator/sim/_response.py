@@ -1,6 +1,6 @@
 """The simulated server's response bodies: choices in the by-handle or the inline form.
 
-Pure functions from computed arrays to JSON-ready dicts (DESIGN §4, docs/protocol.md).
+Pure functions from computed arrays to JSON-ready dicts (docs/design.md §4, docs/protocol.md).
 """
 
 from __future__ import annotations

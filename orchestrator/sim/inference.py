@@ -1,4 +1,4 @@
-"""One simulated inference server: the DESIGN §4 HTTP API over the deterministic model.
+"""One simulated inference server: the docs/design.md §4 HTTP API over the deterministic model.
 
 `serve_inference` runs a hypercorn server on trio until cancelled:
 

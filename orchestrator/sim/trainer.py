@@ -1,4 +1,4 @@
-"""The local trainer (DESIGN §3, §10): reads each batch's payload bytes, then publishes.
+"""The local trainer (docs/design.md §3, §11): reads each batch's payload bytes, then publishes.
 
 It stands in for a real trainer on one machine. For each step `s`, starting after the
 latest published version (so a killed trainer resumes where it stopped), it waits for

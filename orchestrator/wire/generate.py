@@ -56,7 +56,7 @@ def build_generate_request(
     payload_dir: Path | None,
     fields: Sequence[str],
 ) -> dict[str, Any]:
-    """The JSON body of a generate request (DESIGN §4)."""
+    """The JSON body of a generate request (docs/design.md §4)."""
     sampling: dict[str, Any] = {
         "max_tokens": max_tokens,
         "temperature": 1.0,
@@ -208,7 +208,7 @@ def _check_rows(
     routing_pos: int,
 ) -> str | None:
     """Rows must match the turn: routing rows up to the last forwarded token, mask rows per
-    completion token, both anchored where DESIGN §4 says."""
+    completion token, both anchored where docs/design.md §4 says."""
     for field in fields:
         if field not in segments:
             return f"missing segment for {field}"

@@ -18,9 +18,11 @@ import trio
 from orchestrator.config import load_config
 from orchestrator.core.environments import make_environment
 from orchestrator.core.rollouts import GroupResult
+from orchestrator.core.sink import TrainSink
 from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.dispatcher import Dispatcher
 from orchestrator.daemon.http11 import HTTP11Client
+from orchestrator.daemon.run import sink_limits
 from orchestrator.daemon.run_state import RunState
 from orchestrator.daemon.server_pool import ServerPool
 from orchestrator.wire import InferenceFailure, build_generate_request
@@ -100,7 +102,7 @@ async def test_a_server_answering_garbage_is_counted_per_attempt_and_logged_once
                 environment,
                 client,
                 send,
-                lambda: 0,
+                TrainSink(sink_limits(config)),
                 trio.CapacityLimiter(1),
                 pool,
             )

@@ -1,4 +1,4 @@
-"""Fresh-run wipe and root marking (DESIGN §7): refusals, success, audit."""
+"""Fresh-run wipe and root marking (docs/design.md §7): refusals, success, audit."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from orchestrator.handoff import (
 )
 
 VERSIONS = 12  # v0..v11 on disk
-APPLIED = 10  # the DESIGN §3 test vector: m = 2, v10 applied
+APPLIED = 10  # the docs/design.md §3 test vector: m = 2, v10 applied
 M = 2
 
 

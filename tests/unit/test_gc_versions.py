@@ -1,4 +1,4 @@
-"""The staleness bound and version directory names (DESIGN §3), pure."""
+"""The staleness bound and version directory names (docs/design.md §3), pure."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""validate_segment / validate_segments: every rejection DESIGN §4 asks for."""
+"""validate_segment / validate_segments: every rejection docs/design.md §4 asks for."""
 
 from __future__ import annotations
 

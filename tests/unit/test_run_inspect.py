@@ -33,7 +33,7 @@ from orchestrator.handoff import (
     save_progress,
 )
 
-# -- bounds (DESIGN §3) -----------------------------------------------------------------
+# -- bounds (docs/design.md §3) -----------------------------------------------------------------
 
 
 def test_design_test_vector() -> None:

@@ -10,6 +10,8 @@ import httpx
 import pytest
 import trio
 
+from orchestrator.core.staleness import Staleness
+from orchestrator.daemon.run_state import RunState
 from orchestrator.daemon.server_pool import (
     InferenceUnavailable,
     ProbeSettings,
@@ -18,6 +20,10 @@ from orchestrator.daemon.server_pool import (
 )
 
 A, B = "http://a:1", "http://b:2"
+
+
+def applied(version: int) -> RunState:
+    return RunState(staleness=Staleness(), max_steps=0, applied_version=version)
 
 
 def settings(tmp_path: Path, deadline: float = 30.0) -> ProbeSettings:
@@ -64,7 +70,7 @@ async def test_a_recovered_server_loads_the_applied_version_before_it_is_used(
         httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client,
         trio.open_nursery() as nursery,
     ):
-        await nursery.start(serve_health_prober, pool, client, settings(tmp_path), lambda: 7)
+        await nursery.start(serve_health_prober, pool, client, settings(tmp_path), applied(7))
         await trio.sleep(5.5)
         assert A in pool.down_since and posted == []
         alive[A] = True
@@ -87,6 +93,6 @@ async def test_every_server_down_past_the_deadline_is_fatal(
     start = trio.current_time()
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
         with pytest.raises(InferenceUnavailable, match="unreachable for 11 s"):
-            await serve_health_prober(pool, client, settings(tmp_path, deadline=10.0), lambda: 0)
+            await serve_health_prober(pool, client, settings(tmp_path, deadline=10.0), applied(0))
     # Counted from the last server going down, checked once a second.
     assert trio.current_time() - start == 11.0
