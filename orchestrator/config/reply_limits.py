@@ -6,17 +6,18 @@ expect) costs memory without limit, times the requests in flight. The per-reply 
 follows from what a reply in the run's payload mode can hold:
 
 - **By handle** (or no payload fields): token ids and logprobs as JSON plus a few small
-  records (segments, usage). `BYTES_PER_TOKEN` per completion token is about twice what
-  an id and a full-precision logprob take, and `REPLY_OVERHEAD` covers the rest: about
-  1.1 MiB for 2,048 completion tokens.
-- **Inline**: the routing and mask arrays travel in the reply as base64. When the config
-  knows the model's shape (`payload.layers` and `payload.top_k`, or the local fleet's
-  `[sim]` model: `Config.routing_shape`), the cap counts every position the reply may
-  cover (`max_context_tokens` prompt tokens plus the completion) times `layers * top_k`
-  expert ids, plus `MASK_WIDTH` int32 mask entries per completion token, both doubled
-  for slack, times 4/3 for base64. Otherwise it is the fixed `INLINE_REPLY_BYTES`
-  (256 MiB: a 128k-token turn of a 64-layer top-8 model with more than 256 experts is
-  about 171 MiB of base64).
+  records (segments, usage). `BYTES_PER_TOKEN` per completion token covers upstream
+  vLLM's logprob objects (about 170 bytes each with the top-1 entry), and
+  `REPLY_OVERHEAD` the rest: about 1.5 MiB for 2,048 completion tokens.
+- **Inline**: the routing and mask arrays travel in the reply. When the config knows the
+  model's shape (`payload.layers` and `payload.top_k`, or the local fleet's `[sim]`
+  model: `Config.routing_shape`), the cap counts every position the reply may cover
+  (`max_context_tokens` prompt tokens plus the completion) times `layers * top_k` expert
+  ids of `ROUTING_ID_BYTES` (the widest dtype a server captures in), times 4/3 for
+  base64, plus `MASK_BYTES_PER_TOKEN` per completion token (a mask as JSON lists, the
+  longer of its two forms). Otherwise it is the fixed `INLINE_REPLY_BYTES` (256 MiB: a
+  128k-token turn of a 64-layer top-8 model with more than 256 experts is about 171 MiB
+  of base64).
 
 The bound on all replies together defaults to what `max_inflight` replies at the cap
 take, but at most `BUFFERED_REPLY_BYTES` (and never less than one reply at the cap, so a
@@ -31,9 +32,10 @@ import attrs
 
 MIB = 1 << 20
 GIB = 1 << 30
-#: JSON bytes per completion token for its id and logprob (`12345, -0.5821476803664449, `
-#: is 28): twice that and more.
-BYTES_PER_TOKEN = 64
+#: JSON bytes per completion token for its id and logprob: upstream vLLM's
+#: `{"token":"token_id:12345","logprob":-0.58...,"bytes":null,"top_logprobs":[{...}]}` is
+#: about 170 bytes; prime-rl's packed float32 is under 6.
+BYTES_PER_TOKEN = 256
 #: Everything else in a reply: request id, finish reason, usage, segment records.
 REPLY_OVERHEAD = 1 * MIB
 #: An inline reply from servers whose model shape the config does not know.
@@ -43,20 +45,19 @@ BUFFERED_REPLY_BYTES = 1 * GIB
 #: Widest sampling-mask row counted per completion token: the daemon asks for top_k 50
 #: (`build_generate_request`), and the local servers cap an unbounded sampler at 64.
 MASK_WIDTH = 64
+#: A mask row as a JSON list (upstream vLLM): up to `MASK_WIDTH` ids of up to 6 digits
+#: plus a separator and a space; prime-rl's CSR in base64 takes less.
+MASK_BYTES_PER_TOKEN = MASK_WIDTH * 8
+#: Bytes of one routed expert id at the widest dtype a server may capture in (int32).
+ROUTING_ID_BYTES = 4
 
 
 @attrs.frozen
 class ModelShape:
-    """What sizes the routing payload: expert ids per position are `layers * top_k`,
-    one byte each up to 256 experts, two above (and when the count is not known)."""
+    """What sizes the routing payload: `layers * top_k` expert ids per position."""
 
     layers: int
     top_k: int
-    num_experts: int | None
-
-    @property
-    def expert_id_bytes(self) -> int:
-        return 1 if self.num_experts is not None and self.num_experts <= 256 else 2
 
 
 def _base64_len(nbytes: int) -> int:
@@ -83,11 +84,13 @@ def derived_max_reply_bytes(
         return max(tokens, INLINE_REPLY_BYTES)
     arrays = 0
     if "routed_experts" in fields:
-        positions = 2 * (max_context_tokens + max_tokens)
-        arrays += positions * model.layers * model.top_k * model.expert_id_bytes
+        positions = max_context_tokens + max_tokens
+        routing = positions * model.layers * model.top_k * ROUTING_ID_BYTES
+        # An .npy header is a few hundred bytes; REPLY_OVERHEAD covers it.
+        arrays += _base64_len(routing)
     if "sampling_mask" in fields:
-        arrays += 2 * max_tokens * MASK_WIDTH * 4
-    return tokens + _base64_len(arrays)
+        arrays += max_tokens * MASK_BYTES_PER_TOKEN
+    return tokens + arrays
 
 
 def derived_max_buffered_reply_bytes(*, max_reply_bytes: int, max_inflight: int) -> int:

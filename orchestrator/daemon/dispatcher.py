@@ -9,10 +9,9 @@ collector and to the sink's stale accounting).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -24,7 +23,7 @@ from payload_gc import PayloadGCError, PayloadRootFiles
 from orchestrator.config import Config
 from orchestrator.core.environments import Environment, Prompt
 from orchestrator.core.rollouts import GroupResult, RolloutResult
-from orchestrator.core.samples import RoutingDonor, build_sample, prompt_routing_donors
+from orchestrator.core.samples import build_sample
 from orchestrator.core.sink import TrainSink
 from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon.http11 import HTTP11Client
@@ -141,18 +140,8 @@ class Dispatcher:
             # version directory may already be collected: checking its files would only
             # report them missing.
             await self._check_files([run for run in runs if run is not None])
-
-        @functools.cache
-        def donors_for(version: int) -> list[RoutingDonor]:
-            first_turns = [
-                run.turns[0][1]
-                for run in runs
-                if run is not None and run.version == version and run.turns
-            ]
-            return prompt_routing_donors(first_turns, len(prompt.token_ids))
-
         rollouts = tuple(
-            self._finish(run, prompt, donors_for)
+            self._finish(run, prompt)
             if run is not None
             else RolloutResult(f"{group_id}-r{i}", start_version, failed="cancelled")
             for i, run in enumerate(runs)
@@ -222,6 +211,11 @@ class Dispatcher:
         version = state.applied_version
         payload_dir = self._payload_dir(version) if self._writes_files else None
         run = RolloutRun(rollout_id, version, payload_dir, list(prompt.token_ids), server=server)
+        wants_routing = "routed_experts" in config.payload.fields
+        # Delta replay: each turn asks for routing rows from where the previous turn's
+        # rows ended (its last sampled token was never run forward), never for rows the
+        # rollout already holds.
+        routing_start = 0
         for turn_index in range(config.env.max_turns):
             if stop.is_set():
                 run.failed = "stopped: the group can no longer ship"
@@ -232,15 +226,19 @@ class Dispatcher:
                 max_tokens=config.env.max_tokens,
                 seed=_seed(config.seed, rollout_id, turn_index),
                 payload_dir=payload_dir,
-                fields=config.payload.fields,
+                routing_start=routing_start if wants_routing else None,
+                model=config.inference.model,
             )
             try:
-                turn = await self._request_turn(server, body, len(run.tokens), payload_dir, stop)
+                turn = await self._request_turn(
+                    server, body, len(run.tokens), routing_start, payload_dir, stop
+                )
             except InferenceFailure as failure:
                 run.failed = str(failure)
                 return run
             run.turns.append((len(run.tokens), turn))
             run.tokens.extend(turn.completion_ids)
+            routing_start = len(run.tokens) - 1
             reply = self.environment.reply(prompt, turn_index, turn.completion_ids)
             if reply is None:
                 break
@@ -264,14 +262,8 @@ class Dispatcher:
             self._last_payload_dir = (version, version_dir(self.config.payload_root, version))
         return self._last_payload_dir[1]
 
-    def _finish(
-        self,
-        run: RolloutRun,
-        prompt: Prompt,
-        donors_for: Callable[[int], list[RoutingDonor]],
-    ) -> RolloutResult:
-        """Score a finished rollout and build its sample (with routing borrowed from
-        siblings of its version for prompt rows its server served from the prefix cache)."""
+    def _finish(self, run: RolloutRun, prompt: Prompt) -> RolloutResult:
+        """Score a finished rollout and build its sample."""
         config, state = self.config, self.state
         files = frozenset(f for _, turn in run.turns for f in turn.files)
         if run.failed is not None:
@@ -279,9 +271,7 @@ class Dispatcher:
             state.rollouts["stopped" if stopped else "failed"] += 1
             return RolloutResult(run.rollout_id, run.version, files=files, failed=run.failed)
         reward = self.environment.reward(prompt, [t.completion_ids for _, t in run.turns])
-        served_from_cache = bool(run.turns) and run.turns[0][1].routing_pos > 0
         try:
-            donors = donors_for(run.version) if served_from_cache else []
             sample, routing_dropped = build_sample(
                 run.rollout_id,
                 run.tokens,
@@ -289,7 +279,6 @@ class Dispatcher:
                 payload_dir=run.payload_dir,
                 fields=config.payload.fields,
                 final_token_route=config.payload.final_token_route,
-                routing_donors=donors,
             )
         except Exception as exc:  # no reply may end the daemon
             # Replies that passed every check but break the stitcher in a way nobody
@@ -323,12 +312,15 @@ class Dispatcher:
         server: str,
         body: dict[str, object],
         prompt_len: int,
+        routing_start: int,
         payload_dir: Path | None,
         stop: trio.Event,
     ) -> TurnOutput:
         """One turn, retried on transient failures with exponential backoff.
 
-        Each attempt has its own deadline. Raises the last `InferenceFailure`.
+        Each attempt has its own deadline. A reply that cannot be read is not asked for
+        again: the same server would answer the same way (the rejection is logged at
+        once with its reason). Raises the last `InferenceFailure`.
         """
         config = self.config
         attempt = 0
@@ -339,6 +331,7 @@ class Dispatcher:
                 turn = parse_generate_response(
                     raw,
                     prompt_len=prompt_len,
+                    routing_start=routing_start,
                     payload_dir=payload_dir,
                     fields=config.payload.fields,
                     routing_shape=self.state.routing_shape,

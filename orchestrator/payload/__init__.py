@@ -5,6 +5,7 @@ Inference servers write routed expert ids and sampling masks into files under
 validates and stitches them into per-sample segments; the trainer reads them back.
 """
 
+from ._digest import is_digest_hex as is_digest_hex
 from ._digest import payload_digest as payload_digest
 from ._errors import BadSegment as BadSegment
 from ._errors import PayloadCorrupt as PayloadCorrupt
@@ -19,6 +20,7 @@ from ._routing import compact_routed_experts as compact_routed_experts
 from ._segment import FIELD_NDIM as FIELD_NDIM
 from ._segment import FIELDS as FIELDS
 from ._segment import PayloadSegment as PayloadSegment
+from ._segment import is_json_int as is_json_int
 from ._stitch import SENTINEL as SENTINEL
 from ._stitch import Clip as Clip
 from ._stitch import FinalTokenRoute as FinalTokenRoute
@@ -60,6 +62,8 @@ __all__ = [
     "compact_routed_experts",
     "decode_inline",
     "encode_inline",
+    "is_digest_hex",
+    "is_json_int",
     "open_version_dir",
     "payload_digest",
     "plan_routing",

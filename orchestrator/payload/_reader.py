@@ -87,7 +87,7 @@ def read_sample_payload(
             # could disagree about a sample. The ranges the window reads are kept.
             for field_segments in segments.values():
                 for segment in field_segments:
-                    if not segment.is_fill:
+                    if segment.digest is not None:
                         files.verify(segment, keep=_overlap(segment, window) is not None)
         if routed is not None:
             out["routed_experts"] = _assemble_routing(files, routed, window)
@@ -149,7 +149,7 @@ class _PayloadFiles:
         dtype = stored_dtype(segment.dtype)
         start = segment.offset + first_row * segment.row_nbytes
         length = rows * segment.row_nbytes
-        if self._verify:
+        if self._verify and segment.digest is not None:
             parent_offset, _ = segment.digest_range
             data = self._verified_range(segment)
             # A copy: the array handed out must be writable and not pin the whole range.
@@ -272,7 +272,8 @@ def _check_window(rows: range | None, sample_len: int) -> range:
 def _check_layout(segments: Sequence[PayloadSegment], sample_len: int, *, exact: bool) -> None:
     """Segments lie inside the sample without overlap; with `exact`, cover it whole.
 
-    Segments of one field also share a dtype and a row shape (masks: any width).
+    Routing segments share a row shape (their dtypes may differ: turns of one rollout
+    are promoted to the widest); masks may have any width.
     """
     if not segments:
         if exact and sample_len:
@@ -281,8 +282,6 @@ def _check_layout(segments: Sequence[PayloadSegment], sample_len: int, *, exact:
     first = segments[0]
     covered = 0
     for segment in sorted(segments, key=lambda s: s.pos):
-        if segment.dtype != first.dtype:
-            raise BadSegment("dtype", segment.file, f"dtype {segment.dtype} != {first.dtype}")
         if segment.field == "routed_experts" and segment.shape[1:] != first.shape[1:]:
             raise BadSegment(
                 "shape",
@@ -305,7 +304,8 @@ def _check_layout(segments: Sequence[PayloadSegment], sample_len: int, *, exact:
 
 
 def _fill_dtype(segments: Sequence[PayloadSegment]) -> np.dtype[np.generic]:
-    dtype: np.dtype[np.generic] = np.dtype(segments[0].dtype)
+    """The dtype of the assembled array: every segment's values, and every fill value."""
+    dtype: np.dtype[np.generic] = np.result_type(*(np.dtype(s.dtype) for s in segments))
     for segment in segments:
         if segment.fill is not None:
             dtype = np.promote_types(dtype, np.min_scalar_type(segment.fill))

@@ -1,8 +1,11 @@
 """Payload segments: small records that point at an array's bytes inside a payload file.
 
-A segment is the by-handle form of one array (docs/design.md §4): the server writes the bytes into
-``<payload_dir>/<file>`` and returns ``{"field", "file", "offset", "pos", "shape", "dtype",
-"digest"}``. Row ``i`` of the array belongs to token position ``pos + i``.
+A segment is the by-handle form of one array (docs/design.md §4): a server writes the bytes
+into ``<payload_dir>/<file>`` and returns a segment for them (its wire form is read in
+``orchestrator.wire``). Inside the daemon and in a batch, a segment names its file by its
+bare name in the version directory, and its ``shape`` starts with its row count: row ``i``
+of the array belongs to token position ``pos + i``. ``digest`` (blake2b-128 of the bytes)
+is optional: a server may send one, and then every read verifies it.
 
 Two optional extensions come from stitching (see ``_stitch.py``):
 
@@ -27,11 +30,12 @@ import numpy as np
 
 from ._errors import BadSegment
 
-#: Each payload field and the dtypes its arrays may have. Routed expert ids are compact
-#: (``uint8`` for at most 256 experts, else ``uint16``); masks are ``int32`` token ids.
+#: Each payload field and the dtypes its arrays may have. Routed expert ids come as the
+#: server captured them (``uint8`` for at most 256 experts, else ``uint16``; ``int16`` or
+#: ``int32`` from a wide capture buffer); masks are ``int32`` token ids.
 FIELDS: Mapping[str, frozenset[str]] = MappingProxyType(
     {
-        "routed_experts": frozenset({"uint8", "uint16"}),
+        "routed_experts": frozenset({"uint8", "uint16", "int16", "int32"}),
         "sampling_mask": frozenset({"int32"}),
     }
 )
@@ -42,8 +46,8 @@ FIELD_NDIM: Mapping[str, int] = MappingProxyType({"routed_experts": 3, "sampling
 
 _ALL_DTYPES = frozenset().union(*FIELDS.values())
 _ITEMSIZE: Mapping[str, int] = MappingProxyType({d: np.dtype(d).itemsize for d in _ALL_DTYPES})
-_REQUIRED_KEYS = ("field", "file", "offset", "pos", "shape", "dtype", "digest")
-_OPTIONAL_KEYS = ("fill", "digest_offset", "digest_nbytes")
+_REQUIRED_KEYS = ("field", "file", "offset", "pos", "shape", "dtype")
+_OPTIONAL_KEYS = ("digest", "fill", "digest_offset", "digest_nbytes")
 
 
 def _to_shape(value: Any) -> tuple[int, ...]:
@@ -54,8 +58,9 @@ def _to_shape(value: Any) -> tuple[int, ...]:
 class PayloadSegment:
     """One array's place in a payload file (or, for a fill segment, its constant value).
 
-    Build one from the wire with `from_json`; check it with `validate_segment` before
-    reading anything it points at.
+    Build one from a batch with `from_json` (a server's reply is read by
+    ``orchestrator.wire``); check it with `validate_segment` before reading anything it
+    points at.
     """
 
     field: str
@@ -64,7 +69,7 @@ class PayloadSegment:
     pos: int
     shape: tuple[int, ...] = attrs.field(converter=_to_shape)
     dtype: str
-    digest: str
+    digest: str | None = None
     fill: int | None = None
     digest_offset: int | None = None
     digest_nbytes: int | None = None
@@ -101,7 +106,7 @@ class PayloadSegment:
         return self.offset, self.nbytes
 
     def to_json(self) -> dict[str, Any]:
-        """The wire form of docs/design.md §4; the optional keys appear only when set."""
+        """The batch form (docs/protocol.md); the optional keys appear only when set."""
         obj: dict[str, Any] = {
             "field": self.field,
             "file": self.file,
@@ -109,7 +114,6 @@ class PayloadSegment:
             "pos": self.pos,
             "shape": list(self.shape),
             "dtype": self.dtype,
-            "digest": self.digest,
         }
         for key in _OPTIONAL_KEYS:
             value = getattr(self, key)
@@ -118,28 +122,8 @@ class PayloadSegment:
         return obj
 
     @classmethod
-    def from_reply(cls, obj: object) -> PayloadSegment:
-        """Parse a segment as an inference server sends it: exactly the wire keys.
-
-        The stitched forms (``fill``, ``digest_offset``, ``digest_nbytes``) are built
-        inside the daemon only; a server that sends them is refused, so no reply can make
-        the daemon take a fill segment's empty file name for a file. Raises like
-        `from_json`.
-        """
-        if isinstance(obj, dict):
-            internal = sorted(key for key in _OPTIONAL_KEYS if key in obj)
-            if internal:
-                file = obj.get("file")
-                raise BadSegment(
-                    "malformed",
-                    file if isinstance(file, str) else "",
-                    f"key(s) {', '.join(internal)} are the daemon's own, never a server's",
-                )
-        return cls.from_json(obj)
-
-    @classmethod
     def from_json(cls, obj: object) -> PayloadSegment:
-        """Parse the wire form, checking keys and types (not paths or sizes).
+        """Parse the batch form, checking keys and types (not paths or sizes).
 
         Unknown keys are rejected: a segment from a newer writer must not be half-read.
         Raises `BadSegment` with reason ``malformed``, ``field`` or ``dtype``.
@@ -154,13 +138,15 @@ class PayloadSegment:
         unknown = sorted(str(key) for key in obj if key not in _REQUIRED_KEYS + _OPTIONAL_KEYS)
         if unknown:
             raise BadSegment("malformed", name, f"unknown key(s) {', '.join(unknown)}")
-        for key in ("field", "file", "dtype", "digest"):
+        for key in ("field", "file", "dtype"):
             if not isinstance(obj[key], str):
                 raise BadSegment("malformed", name, f"{key} must be a string")
+        if obj.get("digest") is not None and not isinstance(obj["digest"], str):
+            raise BadSegment("malformed", name, "digest must be a string")
         for key in ("offset", "pos"):
             if not is_json_int(obj[key]):
                 raise BadSegment("malformed", name, f"{key} must be an integer")
-        for key in _OPTIONAL_KEYS:
+        for key in _OPTIONAL_KEYS[1:]:
             if obj.get(key) is not None and not is_json_int(obj[key]):
                 raise BadSegment("malformed", name, f"{key} must be an integer")
         shape = obj["shape"]
@@ -177,7 +163,7 @@ class PayloadSegment:
             pos=obj["pos"],
             shape=tuple(shape),
             dtype=obj["dtype"],
-            digest=obj["digest"],
+            digest=obj.get("digest"),
             fill=obj.get("fill"),
             digest_offset=obj.get("digest_offset"),
             digest_nbytes=obj.get("digest_nbytes"),

@@ -79,13 +79,13 @@ def stitch_routing(
     ``"sentinel"`` has no turn to take the row shape from; the caller keeps the tokens
     and drops the routing.
 
-    Raises `BadSegment` when the turns disagree on dtype or row shape and `ValueError`
+    Raises `BadSegment` when the turns disagree on row shape and `ValueError`
     for a segment of another field or a bad `sample_len`.
     """
     for segment in turn_segments:
         if segment.field != "routed_experts":
             raise ValueError(f"stitch_routing takes routed_experts, got {segment.field}")
-    _check_consistent([(s.file, s.dtype, s.shape[1:]) for s in turn_segments])
+    _check_consistent([(s.file, s.shape[1:]) for s in turn_segments])
     plan = plan_routing([(s.pos, s.rows) for s in turn_segments], sample_len)
     if plan is None:
         return None
@@ -107,7 +107,6 @@ def stitch_routing(
                 pos=sample_len - 1,
                 shape=(1, *template.shape[1:]),
                 dtype=template.dtype,
-                digest="",
                 fill=SENTINEL,
             )
         )
@@ -126,14 +125,15 @@ def stitch_inline_routing(
     ``uint16 -> int32``). Returns None exactly when `stitch_routing` would.
     Raises like `stitch_routing`.
     """
-    _check_consistent([("", a.dtype.name, a.shape[1:]) for a, _ in turn_arrays])
+    _check_consistent([("", a.shape[1:]) for a, _ in turn_arrays])
     plan = plan_routing([(pos, a.shape[0]) for a, pos in turn_arrays], sample_len)
     if plan is None or not turn_arrays:
         return None
     if final_token_route == "repeat" and not plan:
         return None
     template = turn_arrays[0][0]
-    dtype = template.dtype
+    # A server picks the routing dtype per reply (uint8 while every id fits): promote.
+    dtype = np.result_type(*(array.dtype for array, _ in turn_arrays))
     if final_token_route == "sentinel":
         dtype = sentinel_dtype(dtype)
     out = np.empty((sample_len, *template.shape[1:]), dtype=dtype)
@@ -222,10 +222,13 @@ def clip_segment(segment: PayloadSegment, first_row: int, rows: int, pos: int) -
     shape = (rows, *segment.shape[1:])
     if segment.is_fill:
         return attrs.evolve(segment, pos=pos, shape=shape)
+    offset = segment.offset + first_row * segment.row_nbytes
+    if segment.digest is None:
+        return attrs.evolve(segment, offset=offset, pos=pos, shape=shape)
     digest_offset, digest_nbytes = segment.digest_range
     return attrs.evolve(
         segment,
-        offset=segment.offset + first_row * segment.row_nbytes,
+        offset=offset,
         pos=pos,
         shape=shape,
         digest_offset=digest_offset,
@@ -233,14 +236,13 @@ def clip_segment(segment: PayloadSegment, first_row: int, rows: int, pos: int) -
     )
 
 
-def _check_consistent(turns: Sequence[tuple[str, str, tuple[int, ...]]]) -> None:
-    """All turns of one branch come from one model: same dtype and row shape."""
+def _check_consistent(turns: Sequence[tuple[str, tuple[int, ...]]]) -> None:
+    """All turns of one branch come from one model: the same row shape (their dtypes may
+    differ, and are promoted to the widest)."""
     if not turns:
         return
-    _, dtype, row_shape = turns[0]
-    for file, other_dtype, other_row_shape in turns[1:]:
-        if other_dtype != dtype:
-            raise BadSegment("dtype", file, f"dtype {other_dtype} differs from {dtype}")
+    _, row_shape = turns[0]
+    for file, other_row_shape in turns[1:]:
         if other_row_shape != row_shape:
             raise BadSegment(
                 "shape", file, f"row shape {list(other_row_shape)} differs from {list(row_shape)}"

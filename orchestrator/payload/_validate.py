@@ -62,10 +62,10 @@ def check_segment(segment: PayloadSegment, *, file_size: int | None = None) -> N
 
     Checks, without touching the filesystem: the file is a plain name (not empty, no
     ``/`` or ``\\``, not ``.`` or ``..``, not absolute, no NUL), so its path stays inside
-    the payload directory; the dtype is allowed for the field; the shape has the field's number of
-    dimensions and no negative one; offset and pos are not negative; the digest is 32 hex
-    digits and its byte range contains the segment's bytes. When `file_size` is given, the
-    bytes (and the digested range) must end within it.
+    the payload directory; the dtype is allowed for the field; the shape has the field's
+    number of dimensions and no negative one; offset and pos are not negative; a digest,
+    when there is one, is 32 hex digits and its byte range contains the segment's bytes.
+    When `file_size` is given, the bytes (and the digested range) must end within it.
 
     A fill segment (``routed_experts`` only) has no file: only field, dtype and shape are
     checked. A row may hold at most
@@ -99,7 +99,12 @@ def check_segment(segment: PayloadSegment, *, file_size: int | None = None) -> N
     if segment.is_fill:
         if segment.field != "routed_experts":
             raise BadSegment("malformed", name, "only routed_experts has fill segments")
-        if name or segment.offset or segment.digest or segment.digest_offset is not None:
+        if (
+            name
+            or segment.offset
+            or segment.digest is not None
+            or segment.digest_offset is not None
+        ):
             raise BadSegment("malformed", name, "a fill segment has no file, offset or digest")
         if segment.pos < 0:
             raise BadSegment("out_of_range", name, f"negative pos {segment.pos}")
@@ -109,10 +114,12 @@ def check_segment(segment: PayloadSegment, *, file_size: int | None = None) -> N
         raise BadSegment(
             "out_of_range", name, f"negative offset {segment.offset} or pos {segment.pos}"
         )
-    if not is_digest_hex(segment.digest):
+    if segment.digest is not None and not is_digest_hex(segment.digest):
         raise BadSegment("digest", name, "digest must be 32 lowercase hex digits")
     if (segment.digest_offset is None) != (segment.digest_nbytes is None):
         raise BadSegment("malformed", name, "digest_offset and digest_nbytes go together")
+    if segment.digest is None and segment.digest_offset is not None:
+        raise BadSegment("malformed", name, "a digested range without a digest")
     digest_offset, digest_nbytes = segment.digest_range
     if not (
         0 <= digest_offset <= segment.offset

@@ -1,7 +1,10 @@
-"""The inference HTTP API in one place: its paths, the generate request and the parsed
-reply. The daemon's client and the local fleet both build on it."""
+"""The inference HTTP API in one place: its paths, the generate request, the array and
+segment forms of a reply, and the parsed reply. The daemon's client and the local fleet
+both build on it (docs/protocol.md)."""
 
 from orchestrator.wire.generate import (
+    REQUEST_KEYS,
+    SAMPLING_KEYS,
     InferenceFailure,
     build_generate_request,
     parse_generate_response,
@@ -17,6 +20,8 @@ HEALTH_PATH = "/health"
 __all__ = [
     "GENERATE_PATH",
     "HEALTH_PATH",
+    "REQUEST_KEYS",
+    "SAMPLING_KEYS",
     "UPDATE_WEIGHTS_PATH",
     "InferenceFailure",
     "build_generate_request",

@@ -1,15 +1,16 @@
 """The generate API: the request body, and the reply parsed into a `TurnOutput`.
 
-Parsing is pure, so every malformed or hostile reply is testable without a socket: a
-reply that cannot be read raises `InferenceFailure("malformed")`; a payload that cannot be
-trusted comes back as a poisoned turn (docs/design.md §4).
+One dialect, the real one (docs/protocol.md): vLLM's tokens-in/tokens-out
+`GenerateRequest`, answered as upstream vLLM answers it or as prime-rl's extension does
+(packed arrays inline, or segments by handle). Parsing is pure, so every malformed or
+hostile reply is testable without a socket: a reply that cannot be read raises
+`InferenceFailure("malformed")`; a payload that cannot be trusted comes back as a poisoned
+turn (docs/design.md §4).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,31 @@ from typing import Any
 import numpy as np
 
 from orchestrator.core.turns import TurnOutput
-from orchestrator.payload import (
-    BadSegment,
-    PayloadSegment,
-    RoutingShape,
-    check_segment,
-    decode_inline,
+from orchestrator.payload import BadSegment, PayloadSegment, RoutingShape, is_json_int
+from orchestrator.wire.arrays import (
+    ROUTING_DTYPES,
+    WireFormatError,
+    decode_mask_csr,
+    decode_mask_lists,
+    decode_npy,
+    decode_packed,
+)
+from orchestrator.wire.segments import segment_from_wire
+
+#: The top-level keys vLLM's `GenerateRequest` defines that this client may send.
+REQUEST_KEYS = frozenset({"request_id", "model", "token_ids", "sampling_params"})
+#: The `SamplingParams` keys this client sends (`extra_args.payload_dir` by handle).
+SAMPLING_KEYS = frozenset(
+    {
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "logprobs",
+        "routed_experts_prompt_start",
+        "extra_args",
+    }
 )
 
 
@@ -31,10 +51,11 @@ class InferenceFailure(Exception):
 
     `kind` is one of "connect" (the server refused or could not be reached: it is
     probably down), "transport" (a connection broke mid-request, e.g. a reused keep-alive
-    connection the server had closed), "timeout", "http_5xx", "http_4xx", "malformed",
+    connection the server had closed), "timeout", "http_5xx", "http_4xx", "malformed"
+    (a reply that cannot be read: asking the same server again would get the same),
     "oversized" (a body longer than the generate client's cap: it was not read, and its
-    connection closed). All but "http_4xx" are transient: the same request may succeed
-    when tried again.
+    connection closed). "connect", "transport", "timeout" and "http_5xx" are transient:
+    the same request may succeed when tried again.
     """
 
     def __init__(self, kind: str, detail: str) -> None:
@@ -44,7 +65,7 @@ class InferenceFailure(Exception):
 
     @property
     def transient(self) -> bool:
-        return self.kind != "http_4xx"
+        return self.kind in {"connect", "transport", "timeout", "http_5xx"}
 
 
 def build_generate_request(
@@ -54,174 +75,295 @@ def build_generate_request(
     max_tokens: int,
     seed: int,
     payload_dir: Path | None,
-    fields: Sequence[str],
+    routing_start: int | None,
+    model: str = "",
 ) -> dict[str, Any]:
-    """The JSON body of a generate request (docs/design.md §4)."""
+    """The JSON body of a generate request: only keys vLLM's `GenerateRequest` defines.
+
+    `routing_start` (sent only when the daemon wants routing) asks for routing rows from
+    that position on: the daemon holds the earlier ones from the rollout's previous turns.
+    Whether a server captures routing and masks at all is its own setting, not a request
+    field; `payload_dir` asks prime-rl's extension to write them by handle.
+    """
     sampling: dict[str, Any] = {
         "max_tokens": max_tokens,
         "temperature": 1.0,
         "top_p": 0.95,
         "top_k": 50,
         "seed": seed,
+        # The sampled token's logprob (vLLM returns it with the top-1).
+        "logprobs": 1,
     }
+    if routing_start is not None:
+        sampling["routed_experts_prompt_start"] = routing_start
     if payload_dir is not None:
         sampling["extra_args"] = {"payload_dir": str(payload_dir)}
-    return {
-        "request_id": request_id,
-        "token_ids": list(token_ids),
-        "sampling_params": sampling,
-        "return_routed_experts": "routed_experts" in fields,
-        "return_sampling_mask": "sampling_mask" in fields,
-    }
+    body: dict[str, Any] = {"request_id": request_id}
+    if model:
+        body["model"] = model
+    body["token_ids"] = list(token_ids)
+    body["sampling_params"] = sampling
+    return body
 
 
 def _malformed(detail: str) -> InferenceFailure:
     return InferenceFailure("malformed", detail)
 
 
-def _int_list(value: object, what: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    ):
-        raise _malformed(f"{what} must be a list of integers")
+def _token_ids(value: object) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(type(v) is int and v >= 0 for v in value):
+        raise _malformed("token_ids must be a list of non-negative integers")
     return tuple(value)
 
 
-def _float_list(value: object, what: str) -> tuple[float, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value
-    ):
-        raise _malformed(f"{what} must be a list of finite numbers")
-    return tuple(float(v) for v in value)
+def _logprobs(choice: Mapping[str, Any], tokens: int) -> tuple[float, ...]:
+    """The sampled tokens' logprobs: prime-rl's packed ``completion_logprobs``, else
+    upstream's ``logprobs.content[i].logprob``."""
+    packed = choice.get("completion_logprobs")
+    if packed is not None:
+        try:
+            values = decode_packed(packed, "completion_logprobs", dtypes=("float32",), ndim=1)
+        except WireFormatError as exc:
+            raise _malformed(str(exc)) from None
+        if not np.isfinite(values).all():
+            raise _malformed("completion_logprobs holds a value that is not finite")
+        result: tuple[float, ...] = tuple(values.tolist())
+    else:
+        logprobs = choice.get("logprobs")
+        content = logprobs.get("content") if isinstance(logprobs, dict) else None
+        if not isinstance(content, list):
+            raise _malformed(
+                "no logprobs: neither completion_logprobs nor logprobs.content "
+                "(does the request's sampling_params.logprobs reach the server?)"
+            )
+        result = tuple(_content_logprob(item) for item in content)
+    if len(result) != tokens:
+        raise _malformed(f"{len(result)} logprobs for {tokens} completion tokens")
+    return result
+
+
+def _content_logprob(item: object) -> float:
+    value = item.get("logprob") if isinstance(item, dict) else None
+    # JSON has no infinities; Python's parser would accept the literal -Infinity.
+    if not isinstance(value, int | float) or isinstance(value, bool) or not np.isfinite(value):
+        raise _malformed("logprobs.content[].logprob must be a finite number")
+    return float(value)
 
 
 def parse_generate_response(
     body: bytes,
     *,
     prompt_len: int,
+    routing_start: int,
     payload_dir: Path | None,
     fields: Sequence[str],
     routing_shape: RoutingShape | None = None,
 ) -> TurnOutput:
     """Parse and validate a generate response (pure: no file is touched).
 
-    Malformed JSON or a malformed choice raises `InferenceFailure("malformed")`: the
-    request is retried. A bad or missing payload does not raise: the turn comes back
-    `poisoned`, so the rollout is counted and dropped, never trained on and never a crash.
-    Routing that contradicts `routing_shape` (the model's, when known) is poisoned too.
+    `routing_start` is what the request asked for; `fields` are the payload fields the
+    run trains with. Malformed JSON or a malformed choice raises
+    `InferenceFailure("malformed")`. A bad or missing payload does not raise: the turn
+    comes back `poisoned`, so the rollout is counted and dropped, never trained on and
+    never a crash. Routing that contradicts `routing_shape` (the model's, when known) is
+    poisoned too.
     """
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _malformed(f"response is not JSON ({exc.__class__.__name__})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list) or not doc["choices"]:
         raise _malformed("response has no choices")
     choice = doc["choices"][0]
     if not isinstance(choice, dict):
         raise _malformed("choice must be an object")
-    completion = _int_list(choice.get("token_ids"), "token_ids")
-    logprobs = _float_list(choice.get("logprobs"), "logprobs")
-    if len(logprobs) != len(completion):
-        raise _malformed("logprobs and token_ids differ in length")
+    completion = _token_ids(choice.get("token_ids"))
+    logprobs = _logprobs(choice, len(completion))
     finish_reason = choice.get("finish_reason")
     if not isinstance(finish_reason, str):
         raise _malformed("finish_reason must be a string")
-    routing_pos = choice.get("routed_experts_prompt_start", 0)
-    if not isinstance(routing_pos, int) or isinstance(routing_pos, bool) or routing_pos < 0:
-        raise _malformed("routed_experts_prompt_start must be a non-negative integer")
+    turn = TurnOutput(completion, logprobs, finish_reason)
     if not fields:
-        return TurnOutput(completion, logprobs, finish_reason, routing_pos)
+        return turn
+    rows = _Rows(prompt_len, len(completion), routing_start)
     if payload_dir is None:
-        arrays, poisoned = _inline_arrays(choice, fields)
-        if poisoned is None and routing_shape is not None and "routed_experts" in arrays:
-            ids = arrays["routed_experts"][0]
-            poisoned = routing_shape.problem(ids.shape[1:], ids.dtype.name) or (
-                routing_shape.ids_problem(ids)
+        return _inline_turn(turn, choice, fields, rows, routing_shape)
+    return _by_handle_turn(turn, choice, fields, rows, payload_dir, routing_shape)
+
+
+class _Rows:
+    """Where a turn's payload rows must lie: routing from at most the requested start to
+    the last token run forward (every token but the last sampled one); masks over the
+    completion tokens."""
+
+    def __init__(self, prompt_len: int, completion_len: int, routing_start: int) -> None:
+        self.prompt_len = prompt_len
+        self.completion_len = completion_len
+        self.routing_start = routing_start
+        self.routing_end = prompt_len + completion_len - 1
+
+    def routing_problem(self, pos: int, rows: int) -> str | None:
+        if pos + rows != self.routing_end or pos > self.routing_start:
+            return (
+                f"routed_experts rows {pos}..{pos + rows} do not span positions "
+                f"{self.routing_start}..{self.routing_end} (requested start to the last "
+                "token run forward)"
             )
-        return TurnOutput(
-            completion, logprobs, finish_reason, routing_pos, inline=arrays, poisoned=poisoned
-        )
-    segments, files, poisoned = _segments(choice, payload_dir)
-    if poisoned is None:
-        poisoned = _check_rows(segments, fields, prompt_len, completion, routing_pos)
-    routing = segments.get("routed_experts")
-    if poisoned is None and routing_shape is not None and routing is not None:
-        poisoned = routing_shape.problem(routing.shape[1:], routing.dtype)
-    return TurnOutput(
-        completion,
-        logprobs,
-        finish_reason,
-        routing_pos,
-        segments=segments,
-        files=files,
-        poisoned=poisoned,
-    )
+        return None
+
+    def mask_problem(self, pos: int, rows: int) -> str | None:
+        if pos != self.prompt_len or rows != self.completion_len:
+            return (
+                f"sampling_mask rows {pos}..{pos + rows} are not the "
+                f"{self.completion_len} completion tokens from {self.prompt_len}"
+            )
+        return None
 
 
-def _inline_arrays(
-    choice: dict[str, Any], fields: Sequence[str]
-) -> tuple[dict[str, tuple[np.ndarray, int]], str | None]:
+_NO_ROUTING = (
+    "the reply carries no routed_experts: is routing capture on in the server "
+    "(vLLM's enable_return_routed_experts)?"
+)
+
+
+def _inline_turn(
+    turn: TurnOutput,
+    choice: Mapping[str, Any],
+    fields: Sequence[str],
+    rows: _Rows,
+    routing_shape: RoutingShape | None,
+) -> TurnOutput:
     arrays: dict[str, tuple[np.ndarray, int]] = {}
     try:
-        for field in fields:
-            arrays[field] = decode_inline(choice.get(field), field=field)
-    except BadSegment as exc:
-        return {}, f"inline {exc}"
-    return arrays, None
+        if "routed_experts" in fields:
+            value = choice.get("routed_experts")
+            if value is None:
+                by_handle = bool(choice.get("payload"))
+                return _poisoned(
+                    turn,
+                    "the reply is by handle, but the request was inline"
+                    if by_handle
+                    else _NO_ROUTING,
+                )
+            ids, pos = _inline_routing(value, rows)
+            wrong = rows.routing_problem(pos, len(ids)) or _ids_problem(ids, routing_shape)
+            if wrong is not None:
+                return _poisoned(turn, wrong)
+            arrays["routed_experts"] = (ids, pos)
+        if "sampling_mask" in fields:
+            mask = _inline_mask(choice.get("sampling_mask"), rows.completion_len)
+            if mask is not None:
+                arrays["sampling_mask"] = (mask, rows.prompt_len)
+    except WireFormatError as exc:
+        return _poisoned(turn, f"inline {exc}")
+    return TurnOutput(turn.completion_ids, turn.logprobs, turn.finish_reason, inline=arrays)
 
 
-def _segments(
-    choice: dict[str, Any], payload_dir: Path
-) -> tuple[dict[str, PayloadSegment], frozenset[str], str | None]:
-    """The choice's segments (each checked), their files' paths, and what is wrong."""
+def _inline_routing(value: object, rows: _Rows) -> tuple[np.ndarray, int]:
+    """Routing ids and the position of their first row, from prime-rl's packed form (its
+    ``start`` says where the rows begin) or upstream vLLM's ``.npy`` (the rows end at the
+    last token run forward, so their count says where they begin)."""
+    if isinstance(value, str):
+        ids = decode_npy(value, "routed_experts", dtypes=ROUTING_DTYPES, ndim=3)
+        return ids, rows.routing_end - len(ids)
+    ids = decode_packed(
+        value, "routed_experts", dtypes=ROUTING_DTYPES, ndim=3, extra_keys=("start",)
+    )
+    assert isinstance(value, dict)  # decode_packed checked it
+    start = value["start"]
+    if not is_json_int(start) or start < 0:
+        raise WireFormatError("routed_experts.start must be a non-negative integer")
+    return ids, start
+
+
+def _inline_mask(value: object, tokens: int) -> np.ndarray | None:
+    """The turn's mask, ``int32 [tokens, widest]``; None when the server kept no set for
+    any token (it then sends null: every position falls back to the full vocabulary)."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        mask = decode_mask_lists(value, "sampling_mask", tokens=tokens)
+    else:
+        mask = decode_mask_csr(value, "sampling_mask", tokens=tokens)
+    return mask if mask.shape[1] else None
+
+
+def _ids_problem(ids: np.ndarray, routing_shape: RoutingShape | None) -> str | None:
+    if ids.size and int(ids.min()) < 0:
+        return f"negative routed expert id {int(ids.min())}"
+    if routing_shape is None:
+        return None
+    return routing_shape.problem(ids.shape[1:], ids.dtype.name) or routing_shape.ids_problem(ids)
+
+
+def _by_handle_turn(
+    turn: TurnOutput,
+    choice: Mapping[str, Any],
+    fields: Sequence[str],
+    rows: _Rows,
+    payload_dir: Path,
+    routing_shape: RoutingShape | None,
+) -> TurnOutput:
+    """The turn with its segments, the files they name (the only files the daemon ever
+    deletes on a server's word), and what is wrong with them."""
     raw = choice.get("payload")
-    error = choice.get("payload_error")
     segments: dict[str, PayloadSegment] = {}
     files: set[str] = set()
     problem: str | None = None
+    error = choice.get("payload_error")
     if error is not None:
         problem = f"payload_error: {str(error)[:200]}"
     if not isinstance(raw, list):
+        if problem is None and choice.get("routed_experts") is not None:
+            problem = (
+                "the server answered inline, not by handle: it ignores "
+                "extra_args.payload_dir (upstream vLLM?); set payload.mode = 'inline'"
+            )
         raw = []
-        problem = problem or "no payload segments"
     directory = str(payload_dir)
     for item in raw:
         try:
-            segment = PayloadSegment.from_reply(item)
-            check_segment(segment)
+            segment = segment_from_wire(item, payload_dir)
         except BadSegment as exc:
             problem = problem or f"bad segment: {exc}"
             continue
-        # Only names that passed validation are ever deleted by the orchestrator.
-        files.add(os.path.join(directory, segment.file))
+        files.add(f"{directory}/{segment.file}")
         if segment.field in segments:
             problem = problem or f"two segments for {segment.field}"
         segments[segment.field] = segment
-    return segments, frozenset(files), problem
+    if problem is None:
+        problem = _segments_problem(segments, fields, rows, routing_shape)
+    kept = {field: s for field, s in segments.items() if field in fields}
+    return TurnOutput(
+        turn.completion_ids,
+        turn.logprobs,
+        turn.finish_reason,
+        segments=kept,
+        files=frozenset(files),
+        poisoned=problem,
+    )
 
 
-def _check_rows(
+def _segments_problem(
     segments: Mapping[str, PayloadSegment],
     fields: Sequence[str],
-    prompt_len: int,
-    completion: Sequence[int],
-    routing_pos: int,
+    rows: _Rows,
+    routing_shape: RoutingShape | None,
 ) -> str | None:
-    """Rows must match the turn: routing rows up to the last forwarded token, mask rows per
-    completion token, both anchored where docs/design.md §4 says."""
-    for field in fields:
-        if field not in segments:
-            return f"missing segment for {field}"
-    total = prompt_len + len(completion)
-    routing = segments.get("routed_experts")
-    if routing is not None and (
-        routing.pos != routing_pos or routing.pos + routing.rows != total - 1
-    ):
-        return (
-            f"routed_experts rows {routing.pos}..{routing.pos + routing.rows} do not end at "
-            f"position {total - 2}"
-        )
+    if "routed_experts" in fields:
+        routing = segments.get("routed_experts")
+        if routing is None:
+            return _NO_ROUTING
+        problem = rows.routing_problem(routing.pos, routing.rows)
+        if problem is None and routing_shape is not None:
+            problem = routing_shape.problem(routing.shape[1:], routing.dtype)
+        if problem is not None:
+            return problem
     mask = segments.get("sampling_mask")
-    if mask is not None and (mask.pos != prompt_len or mask.rows != len(completion)):
-        return f"sampling_mask rows do not match the {len(completion)} completion tokens"
+    if "sampling_mask" in fields and mask is not None:
+        return rows.mask_problem(mask.pos, mask.rows)
     return None
+
+
+def _poisoned(turn: TurnOutput, problem: str) -> TurnOutput:
+    return TurnOutput(turn.completion_ids, turn.logprobs, turn.finish_reason, poisoned=problem)

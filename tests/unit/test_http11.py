@@ -901,7 +901,7 @@ async def test_post_generate_names_a_4xx_with_a_short_excerpt() -> None:
     assert "\n" not in detail
 
 
-async def test_post_generate_names_an_oversized_answer_and_it_is_transient() -> None:
+async def test_post_generate_names_an_oversized_answer_and_it_is_not_retried() -> None:
     async with (
         serving(_generate_server(200, b'{"choices": []}' + b" " * 100)) as server,
         HTTP11Client(max_response_bytes=100) as client,
@@ -909,7 +909,8 @@ async def test_post_generate_names_an_oversized_answer_and_it_is_transient() -> 
         with pytest.raises(InferenceFailure) as failure:
             await post_generate(client, server.url, {})
     assert failure.value.kind == "oversized"
-    assert failure.value.transient  # retried, like a malformed answer
+    # The same server would answer the same request as long again: not retried.
+    assert not failure.value.transient
     assert "longer than 100 bytes" in failure.value.detail
 
 

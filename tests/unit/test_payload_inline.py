@@ -60,7 +60,8 @@ def good(**changes: Any) -> dict[str, Any]:
         (good(data=5), "sampling_mask", "malformed"),
         (good(data="!!!!"), "sampling_mask", "malformed"),
         (good(dtype="int64"), "sampling_mask", "dtype"),
-        (good(), "routed_experts", "dtype"),
+        (good(), "routed_experts", "shape"),
+        (good(dtype="int64", shape=[2, 1, 3]), "routed_experts", "dtype"),
         (good(shape=[6]), "sampling_mask", "shape"),
         (good(shape=[-2, -3]), "sampling_mask", "shape"),
         (good(shape=[2, 4]), "sampling_mask", "shape"),
@@ -74,24 +75,27 @@ def test_rejects(obj: object, field: str, reason: str) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_sentinel_widened_routing_only_when_allowed() -> None:
+def test_routing_dtypes_are_the_captured_ones() -> None:
+    # A server sends uint8/uint16 (vLLM per model), int16 or int32 (a wide capture buffer):
+    # the same dtypes hold a stitched sample's -1 sentinel.
     array = np.full((2, 3, 4), -1, dtype=np.int16)
-    obj = encode_inline(array, 0)
-    with pytest.raises(BadSegment) as info:
-        decode_inline(obj, field="routed_experts")
-    assert info.value.reason == "dtype"
-    decoded, _ = decode_inline(obj, field="routed_experts", allow_sentinel=True)
+    decoded, _ = decode_inline(encode_inline(array, 0), field="routed_experts")
     assert decoded.dtype == np.int16
     assert (decoded == -1).all()
-    wide, _ = decode_inline(
-        encode_inline(array.astype(np.int32), 0), field="routed_experts", allow_sentinel=True
-    )
+    wide, _ = decode_inline(encode_inline(array.astype(np.int32), 0), field="routed_experts")
     assert wide.dtype == np.int32
     with pytest.raises(BadSegment):
-        decode_inline(
-            encode_inline(array.astype(np.int64), 0), field="routed_experts", allow_sentinel=True
-        )
+        decode_inline(encode_inline(array.astype(np.int64), 0), field="routed_experts")
     with pytest.raises(BadSegment):
         decode_inline(
             encode_inline(np.zeros((1, 2), np.int16), 0), field="sampling_mask", allow_sentinel=True
         )
+
+
+def test_a_mask_may_be_zero_wide_routing_may_not() -> None:
+    # No token of the sample had a kept set: the mask has no columns.
+    mask, _ = decode_inline(encode_inline(np.zeros((3, 0), np.int32), 0), field="sampling_mask")
+    assert mask.shape == (3, 0)
+    with pytest.raises(BadSegment) as info:
+        decode_inline(encode_inline(np.zeros((3, 0, 2), np.uint8), 0), field="routed_experts")
+    assert info.value.reason == "shape"

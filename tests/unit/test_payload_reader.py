@@ -75,7 +75,7 @@ def test_round_trip_is_bitwise(payload_dir: Path, dtype: str, verify: bool) -> N
 def test_read_segment_is_writable_and_fill(payload_dir: Path) -> None:
     _, _, (routed_seg, _) = write_turn(payload_dir)
     read_segment(payload_dir, routed_seg, verify=True)[0, 0, 0] = 1
-    fill = PayloadSegment("routed_experts", "", 0, 3, (2, 4, 3), "uint8", "", fill=-1)
+    fill = PayloadSegment("routed_experts", "", 0, 3, (2, 4, 3), "uint8", fill=-1)
     filled = read_segment(payload_dir, fill)
     assert filled.dtype == np.int16
     assert (filled == -1).all()
@@ -218,9 +218,9 @@ def test_layout_errors(payload_dir: Path) -> None:
         ({"routed_experts": [mask_seg]}, 9, "field"),
         ({"logits": [mask_seg]}, 9, "field"),
         (
-            {"routed_experts": [routed_seg, attrs.evolve(routed_seg, pos=9, dtype="uint16")]},
+            {"routed_experts": [routed_seg, attrs.evolve(routed_seg, pos=9, shape=(9, 3, 4))]},
             18,
-            "dtype",
+            "shape",
         ),
     ]
     for segments, sample_len, reason in cases:
@@ -249,3 +249,27 @@ def test_sizes_are_checked_before_allocating(payload_dir: Path) -> None:
     (other / routed_seg.file).write_bytes((payload_dir / routed_seg.file).read_bytes()[:20])
     with pytest.raises(PayloadMissing):
         read_sample_payload(other, {"routed_experts": stitched}, 10, rows=range(0, 1))
+
+
+def test_routing_turns_of_different_dtypes_are_promoted(payload_dir: Path) -> None:
+    # A server narrows each reply's routing to uint8 when its ids fit (prime-rl does): the
+    # turns of one rollout may differ, and the sample is read in the widest dtype.
+    narrow, _, (first, _) = write_turn(payload_dir, "uint8", rows=9)
+    wide, _, (second, _) = write_turn(payload_dir, "uint16", rows=9, pos=9, seed=1)
+    stitched = stitch_routing([first, second], 19, "repeat")
+    assert stitched is not None
+    out = read_sample_payload(payload_dir, {"routed_experts": stitched}, 19)["routed_experts"]
+    assert out.dtype == np.uint16
+    assert (out[:9] == narrow).all()
+    assert (out[9:18] == wide).all()
+    assert (out[18] == wide[-1]).all()
+
+
+def test_segments_without_digest_read_and_verify_nothing(payload_dir: Path) -> None:
+    routing, _, (routed_seg, _) = write_turn(payload_dir)
+    bare = attrs.evolve(routed_seg, digest=None)
+    stitched = stitch_routing([bare], 10, "repeat")
+    assert stitched is not None
+    assert all(s.digest is None and s.digest_offset is None for s in stitched)
+    out = read_sample_payload(payload_dir, {"routed_experts": stitched}, 10, verify=True)
+    assert (out["routed_experts"][:9] == routing).all()

@@ -31,7 +31,7 @@ def test_version_dir() -> None:
 def test_valid_segments_return_their_path(tmp_path: Path) -> None:
     assert validate_segment(ROUTED, payload_dir=tmp_path) == tmp_path / "a.bin"
     assert validate_segment(MASK, payload_dir=tmp_path, file_size=64) == tmp_path / "a.bin"
-    fill = attrs.evolve(ROUTED, file="", digest="", fill=-1, shape=(1, 3, 2))
+    fill = attrs.evolve(ROUTED, file="", digest=None, fill=-1, shape=(1, 3, 2))
     assert validate_segment(fill, payload_dir=tmp_path) == tmp_path
 
 
@@ -60,7 +60,8 @@ def test_rejects_names(tmp_path: Path, name: str, reason: str) -> None:
 @pytest.mark.parametrize(
     ("changes", "reason"),
     [
-        ({"dtype": "int32"}, "dtype"),
+        ({"dtype": "int64"}, "dtype"),
+        ({"dtype": "float32"}, "dtype"),
         ({"field": "sampling_mask"}, "dtype"),
         ({"field": "logits"}, "field"),
         ({"shape": (4, 3)}, "shape"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import attrs
@@ -28,7 +30,8 @@ from orchestrator.config.reply_limits import (
     derived_max_reply_bytes,
 )
 
-QWEN3_30B = ModelShape(layers=48, top_k=8, num_experts=128)
+QWEN3_30B = ModelShape(layers=48, top_k=8)
+TOKEN = 256  # JSON bytes counted per completion token
 BOTH = ("routed_experts", "sampling_mask")
 
 
@@ -57,25 +60,27 @@ def derive(
 
 
 def test_by_handle_the_cap_is_tokens_and_logprobs_plus_a_mebibyte() -> None:
-    assert derive(by_handle=True) == 64 * 2048 + MIB
-    assert derive(by_handle=True, max_tokens=1) == 64 + MIB
+    assert derive(by_handle=True) == TOKEN * 2048 + MIB
+    assert derive(by_handle=True, max_tokens=1) == TOKEN + MIB
     # The prompt bound and the model do not matter: no array travels in the reply.
-    assert derive(by_handle=True, max_context_tokens=1 << 20, model=None) == 64 * 2048 + MIB
+    assert derive(by_handle=True, max_context_tokens=1 << 20, model=None) == TOKEN * 2048 + MIB
     # Nor inline when no payload field is asked for.
-    assert derive(fields=()) == 64 * 2048 + MIB
+    assert derive(fields=()) == TOKEN * 2048 + MIB
 
 
-def test_inline_with_a_known_model_counts_the_base64_arrays_doubled() -> None:
-    tokens = 64 * 2048 + MIB
-    routing = 2 * (16384 + 2048) * 48 * 8  # one byte per expert id (128 experts)
-    mask = 2 * 2048 * 64 * 4
-    assert derive() == tokens + 4 * -(-(routing + mask) // 3)
-    assert derive(fields=("routed_experts",)) == tokens + 4 * -(-routing // 3)
-    assert derive(fields=("sampling_mask",)) == tokens + 4 * -(-mask // 3)
-    # Above 256 experts an id takes two bytes, and so it may when the count is unknown.
-    for wide in (ModelShape(48, 8, num_experts=512), ModelShape(48, 8, num_experts=None)):
-        two_bytes = tokens + 4 * -(-2 * routing // 3)
-        assert derive(model=wide, fields=("routed_experts",)) == two_bytes
+def test_by_handle_covers_upstream_logprob_objects() -> None:
+    entry = {"token": "token_id:31999", "logprob": -0.5821476803664449, "bytes": None}
+    one = json.dumps({**entry, "top_logprobs": [entry]}) + ", 31999, "
+    assert derive(by_handle=True, max_tokens=2048) > 2048 * len(one)
+
+
+def test_inline_with_a_known_model_counts_the_widest_arrays() -> None:
+    tokens = TOKEN * 2048 + MIB
+    routing = 4 * -(-((16384 + 2048) * 48 * 8 * 4) // 3)  # int32 ids, base64
+    mask = 2048 * 64 * 8  # JSON lists
+    assert derive() == tokens + routing + mask
+    assert derive(fields=("routed_experts",)) == tokens + routing
+    assert derive(fields=("sampling_mask",)) == tokens + mask
 
 
 def test_inline_covers_what_a_real_reply_of_the_bounds_holds() -> None:
@@ -84,11 +89,15 @@ def test_inline_covers_what_a_real_reply_of_the_bounds_holds() -> None:
     arrays = positions * 48 * 8 + completion * 50 * 4
     json_tokens = completion * len("123456, -0.5821476803664449, ")
     assert derive() > 2 * (json_tokens + arrays * 4 // 3)
+    # Upstream vLLM: int32 ids in a base64 .npy, masks as JSON lists of 64 five-digit ids.
+    npy = positions * 48 * 8 * 4 * 4 // 3
+    lists = completion * len(json.dumps([31999] * 64))
+    assert derive() > npy + lists
 
 
 def test_inline_without_a_model_shape_is_the_fixed_default() -> None:
     assert derive(model=None) == INLINE_REPLY_BYTES == 256 * MIB
-    assert derive(model=None, max_tokens=8 << 20) == 64 * (8 << 20) + MIB
+    assert derive(model=None, max_tokens=8 << 20) == TOKEN * (8 << 20) + MIB
 
 
 @pytest.mark.parametrize(
@@ -132,8 +141,8 @@ def make(
 
 def test_the_config_derives_the_caps_from_its_own_keys() -> None:
     by_handle = make(mode="by_handle")
-    assert by_handle.max_reply_bytes == 64 * 256 + MIB
-    assert by_handle.max_buffered_reply_bytes == 32 * (64 * 256 + MIB)
+    assert by_handle.max_reply_bytes == TOKEN * 256 + MIB
+    assert by_handle.max_buffered_reply_bytes == 32 * (TOKEN * 256 + MIB)
     # Real servers, inline: no model shape in the config.
     assert make().max_reply_bytes == 256 * MIB
     assert make().max_buffered_reply_bytes == GIB
@@ -142,12 +151,12 @@ def test_the_config_derives_the_caps_from_its_own_keys() -> None:
     assert local.max_reply_bytes == derive(
         max_tokens=256,
         max_context_tokens=4096,
-        model=ModelShape(layers=4, top_k=2, num_experts=300),
+        model=ModelShape(layers=4, top_k=2),
     )
     # Real servers whose shape the config states.
     stated = attrs.evolve(make(), payload=PayloadConfig(mode="inline", layers=4, top_k=2))
     assert stated.max_reply_bytes == derive(
-        max_tokens=256, max_context_tokens=4096, model=ModelShape(4, 2, None)
+        max_tokens=256, max_context_tokens=4096, model=ModelShape(4, 2)
     )
 
 
@@ -160,7 +169,7 @@ def test_the_prompt_bound_covers_every_turn_when_turns_outgrow_max_seq_len() -> 
         sim=SimConfig(inference_servers=1),
     )
     expected = derive(
-        max_tokens=256, max_context_tokens=512 + 3 * 256, model=ModelShape(48, 8, 128)
+        max_tokens=256, max_context_tokens=512 + 3 * 256, model=ModelShape(48, 8)
     )
     assert config.max_reply_bytes == expected
 
@@ -197,6 +206,6 @@ def test_check_config_shows_the_caps(tmp_path: Path, capsys: pytest.CaptureFixtu
     )
     assert main(["check-config", str(path)]) == 0
     header = capsys.readouterr().out.split("\n\n", 1)[0]
-    cap = 64 * 256 + MIB
+    cap = TOKEN * 256 + MIB
     assert f"#   reply cap:    {cap} bytes (derived)" in header
     assert f"#   reply budget: {64 * cap} bytes (derived)" in header
