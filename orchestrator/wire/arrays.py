@@ -150,7 +150,8 @@ def decode_npy(text: object, what: str, *, dtypes: Collection[str], ndim: int) -
     except (ValueError, SyntaxError, TypeError, OverflowError) as exc:
         if isinstance(exc, WireFormatError):
             raise
-        raise WireFormatError(f"{what} is not a .npy array ({str(exc)[:80]})") from None
+        reason = " ".join(str(exc).split())[:80]
+        raise WireFormatError(f"{what} is not a .npy array ({reason})") from None
     shape, fortran_order, dtype = header
     if dtype.hasobject or dtype.name not in dtypes:
         raise WireFormatError(f"{what}: .npy dtype {dtype.str!r} is not one of {sorted(dtypes)}")

@@ -203,7 +203,7 @@ class _Rows:
         self.routing_end = prompt_len + completion_len - 1
 
     def routing_problem(self, pos: int, rows: int) -> str | None:
-        if pos + rows != self.routing_end or pos > self.routing_start:
+        if pos < 0 or pos + rows != self.routing_end or pos > self.routing_start:
             return (
                 f"routed_experts rows {pos}..{pos + rows} do not span positions "
                 f"{self.routing_start}..{self.routing_end} (requested start to the last "
@@ -293,7 +293,7 @@ def _ids_problem(ids: np.ndarray, routing_shape: RoutingShape | None) -> str | N
         return f"negative routed expert id {int(ids.min())}"
     if routing_shape is None:
         return None
-    return routing_shape.problem(ids.shape[1:], ids.dtype.name) or routing_shape.ids_problem(ids)
+    return routing_shape.problem(ids.shape[1:]) or routing_shape.ids_problem(ids)
 
 
 def _by_handle_turn(
@@ -314,7 +314,8 @@ def _by_handle_turn(
     if error is not None:
         problem = f"payload_error: {str(error)[:200]}"
     if not isinstance(raw, list):
-        if problem is None and choice.get("routed_experts") is not None:
+        inline = any(choice.get(field) is not None for field in ("routed_experts", "sampling_mask"))
+        if problem is None and inline:
             problem = (
                 "the server answered inline, not by handle: it ignores "
                 "extra_args.payload_dir (upstream vLLM?); set payload.mode = 'inline'"
@@ -356,7 +357,7 @@ def _segments_problem(
             return _NO_ROUTING
         problem = rows.routing_problem(routing.pos, routing.rows)
         if problem is None and routing_shape is not None:
-            problem = routing_shape.problem(routing.shape[1:], routing.dtype)
+            problem = routing_shape.problem(routing.shape[1:])
         if problem is not None:
             return problem
     mask = segments.get("sampling_mask")

@@ -1,6 +1,7 @@
 """Every rejection of the dispatcher goes through `RunState.rejections`: a server that
-answers garbage to every request is counted per attempt and logged at warning level, once
-per interval, instead of one info line per retry. A real server on 127.0.0.1 answers."""
+answers garbage to every request is counted per request, not asked again (it would answer
+the same), and logged at warning level with its reason at once, then once per interval.
+A real server on 127.0.0.1 answers."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def failure_lines(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [entry for entry in logs if entry["event"] == "rollout failure"]
 
 
-async def test_a_server_answering_garbage_is_counted_per_attempt_and_logged_once(
+async def test_a_server_answering_garbage_is_counted_not_retried_and_logged_once(
     tmp_path: Path,
 ) -> None:
     config = load_config(
@@ -113,14 +114,15 @@ async def test_a_server_answering_garbage_is_counted_per_attempt_and_logged_once
                     max_tokens=4,
                     seed=turn,
                     payload_dir=None,
-                    fields=(),
+                    routing_start=None,
                 )
                 with pytest.raises(InferenceFailure) as failure:
-                    await dispatcher._request_turn(url, body, 3, None, trio.Event())
+                    await dispatcher._request_turn(url, body, 3, 0, None, trio.Event())
                 assert failure.value.kind == "malformed"
 
-    # Every attempt counted, under its kind, in the counter the metrics and summary read.
-    attempts = TURNS * (RETRIES + 1)
+    # Every request counted once, under its kind, in the counter the metrics and summary
+    # read: a malformed reply is not asked for again, whatever `retries` says.
+    attempts = TURNS
     assert state.failures["malformed"] == attempts
     assert state.rejections.counts is state.failures
     # The text the server kept sending is the most common error.
@@ -131,6 +133,7 @@ async def test_a_server_answering_garbage_is_counted_per_attempt_and_logged_once
     assert len(lines) == 1, lines
     assert lines[0]["log_level"] == "warning"
     assert (lines[0]["kind"], lines[0]["server"]) == ("malformed", url)
-    assert lines[0]["retrying"] is True
+    assert lines[0]["retrying"] is False
+    assert "not JSON" in lines[0]["detail"]
     assert not [entry for entry in logs if entry["event"] == "retrying turn"]
     assert not [entry for entry in logs if entry["log_level"] == "info"]

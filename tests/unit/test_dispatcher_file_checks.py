@@ -23,12 +23,11 @@ MAX_OFF_POLICY = 2
 def run_with_missing_file(root: Path, version: int) -> RolloutRun:
     payload_dir = root / f"v{version}"
     payload_dir.mkdir(parents=True)
-    segment = PayloadSegment("sampling_mask", "gone.bin", 0, 4, (1, 8), "bool", DIGEST)
+    segment = PayloadSegment("sampling_mask", "gone.bin", 0, 4, (1, 8), "int32", DIGEST)
     turn = TurnOutput(
         (7,),
         (0.0,),
         "stop",
-        0,
         segments={"sampling_mask": segment},
         files=frozenset({str(payload_dir / "gone.bin")}),
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 import attrs
@@ -168,9 +167,7 @@ def test_the_prompt_bound_covers_every_turn_when_turns_outgrow_max_seq_len() -> 
         payload=PayloadConfig(mode="inline"),
         sim=SimConfig(inference_servers=1),
     )
-    expected = derive(
-        max_tokens=256, max_context_tokens=512 + 3 * 256, model=ModelShape(48, 8)
-    )
+    expected = derive(max_tokens=256, max_context_tokens=512 + 3 * 256, model=ModelShape(48, 8))
     assert config.max_reply_bytes == expected
 
 
