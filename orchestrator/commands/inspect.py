@@ -4,7 +4,7 @@ it, the collection bounds that follow from it, and how both print sizes and tabl
 Everything here reads disk only, so it works the same whether a daemon runs or not:
 - whether a daemon holds the run's lock (`<state_dir>/daemon.lock`, docs/design.md §5);
 - the last shipped step: the complete batch directories are the truth, not progress;
-- the latest published weights version (`STABLE` markers);
+- the latest published weights version (`STABLE` markers, in `trainer.weights_layout`);
 - `progress.json`, the daemon's last saved snapshot (applied version, last bound, ...);
 - the collection bounds that follow from the applied version (docs/design.md §3).
 
@@ -15,6 +15,7 @@ no event loop).
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -215,6 +216,7 @@ def read_run_snapshot(config: Config, *, source: str = "the config") -> RunSnaps
     if progress is None:
         # load_progress says None for both; an operator needs to know which it is.
         problem = "unreadable" if (config.state_dir / PROGRESS_FILE).exists() else "missing"
+    list_versions = functools.partial(published_versions, layout=config.trainer.weights_layout)
     return RunSnapshot(
         run_dir=config.run_dir,
         state_dir=config.state_dir,
@@ -224,7 +226,7 @@ def read_run_snapshot(config: Config, *, source: str = "the config") -> RunSnaps
         staleness=config.staleness,
         daemon=probe_daemon_lock(config.state_dir),
         shipped_step=_last(_listed(shipped_steps, config.batches_dir, "batches")),
-        published_version=_last(_listed(published_versions, config.weights_dir, "weights")),
+        published_version=_last(_listed(list_versions, config.weights_dir, "weights")),
         progress=progress,
         progress_problem=problem,
         stall_warning_s=config.progress.stall_warning_s,

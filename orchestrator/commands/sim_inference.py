@@ -1,5 +1,7 @@
 """`orchestrator sim-inference`: run one simulated inference server until SIGINT/SIGTERM.
 
+It speaks vLLM's tokens-in/tokens-out generate API, answering in prime-rl's form (the
+default) or upstream vLLM's (`--reply-form upstream`); see orchestrator.sim.inference.
 When the server is ready it prints one line, `listening on http://HOST:PORT`, on stdout
 (flushed), so a parent process can wait for it and learn the port chosen for `--port 0`.
 """
@@ -37,10 +39,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-experts", type=int, default=128, help="experts per layer (default %(default)s)"
     )
     model.add_argument("--vocab-size", type=int, default=32000, help="(default %(default)s)")
-    model.add_argument(
-        "--block-size", type=int, default=16, help="prefix cache block (default %(default)s)"
-    )
     model.add_argument("--model-seed", type=int, default=0, help="(default %(default)s)")
+    model.add_argument(
+        "--served-model-name",
+        default="sim-moe",
+        help="the name a request's `model` must match, else 404 (default %(default)s)",
+    )
+    model.add_argument(
+        "--max-model-len",
+        type=int,
+        default=65536,
+        help="longest prompt + max_tokens; an absent max_tokens fills it (default %(default)s)",
+    )
+    replies = parser.add_argument_group("replies")
+    replies.add_argument(
+        "--reply-form",
+        choices=("prime-rl", "upstream"),
+        default="prime-rl",
+        help="answer as prime-rl's vLLM extension (packed inline or by handle) or as "
+        "upstream vLLM (.npy routing, mask lists, never by handle) (default %(default)s)",
+    )
+    replies.add_argument(
+        "--no-routed-experts",
+        dest="capture_routed_experts",
+        action="store_false",
+        help="do not capture routing: replies carry routed_experts null",
+    )
+    replies.add_argument(
+        "--no-sampling-mask",
+        dest="capture_sampling_mask",
+        action="store_false",
+        help="do not capture sampling masks: replies carry sampling_mask null",
+    )
+    replies.add_argument(
+        "--payload-digests",
+        action="store_true",
+        help="by handle, add each segment's blake2b digest (this project's extension)",
+    )
     timing = parser.add_argument_group("latency")
     timing.add_argument(
         "--time-per-token-s", type=float, default=0.0, help="seconds per decoded token"
@@ -79,17 +114,22 @@ def _config(args: argparse.Namespace) -> SimInferenceConfig:
                 top_k=args.top_k,
                 num_experts=args.num_experts,
                 vocab_size=args.vocab_size,
-                block_size=args.block_size,
                 seed=args.model_seed,
             ),
+            served_model_name=args.served_model_name,
             host=args.host,
             port=args.port,
+            reply_form=args.reply_form,
+            capture_routed_experts=args.capture_routed_experts,
+            capture_sampling_mask=args.capture_sampling_mask,
+            payload_digests=args.payload_digests,
             time_per_token_s=args.time_per_token_s,
             request_overhead_s=args.request_overhead_s,
             weight_update_s=args.weight_update_s,
             faults=FaultRates(**{name: getattr(args, f"{name}_rate") for name in _FAULT_FLAGS}),
             fault_seed=args.fault_seed,
             fsync=args.fsync,
+            max_model_len=args.max_model_len,
         )
     except ValueError as exc:
         # attrs validators name the field, which is the option with `_` for `-`.

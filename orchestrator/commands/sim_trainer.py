@@ -1,7 +1,10 @@
-"""`orchestrator sim-trainer --config FILE [--set KEY=VALUE ...]`: the local trainer.
+"""`orchestrator sim-trainer --config FILE [--set KEY=VALUE ...] [--weights-layout LAYOUT]`:
+the local trainer.
 
 Reads each batch the orchestrator ships (every payload byte, digests verified), then
-publishes the next version, until `max_steps` (0: until SIGINT/SIGTERM). Logs one line
+publishes the next version, until `max_steps` (0: until SIGINT/SIGTERM). Versions are
+published in the config's `trainer.weights_layout` unless `--weights-layout` says
+otherwise ("prime-rl": `step_7/STABLE`, as prime-rl's trainer writes them). Logs one line
 per step on stderr and keeps `<run_dir>/trainer/report.json` up to date. A sample with a
 corrupt payload is dropped (logged with its rollout and server) and the rest of its batch
 trained on. Exit status: 0 when no batch violated the hand-off (dropped corrupt samples
@@ -25,10 +28,20 @@ HELP = "run the local trainer: read each shipped batch's payloads, then publish 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--config FILE`, any number of `--set KEY=VALUE`, and `--log-json`."""
+    """`--config FILE`, any number of `--set KEY=VALUE`, `--weights-layout`, `--log-json`."""
     from orchestrator.config import add_config_arguments
+    from orchestrator.handoff import STEP_LAYOUTS
 
     add_config_arguments(parser)
+    parser.add_argument(
+        "--weights-layout",
+        choices=STEP_LAYOUTS,
+        default=None,
+        help=(
+            "name the published versions' directories step_000007 (native) or step_7"
+            " (prime-rl); default: the config's trainer.weights_layout"
+        ),
+    )
     parser.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")
 
 
@@ -38,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     Raises `UserError` (ConfigError) for a bad config, and for a batches, weights or
     report directory that cannot be created or written.
     """
+    import attrs
     import structlog
     import trio
 
@@ -46,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.sim.fleet import sim_trainer_config
 
     trainer_config = sim_trainer_config(config_from_args(args))
+    if args.weights_layout is not None:
+        trainer_config = attrs.evolve(trainer_config, weights_layout=args.weights_layout)
     configure_logging(json_lines=True if args.log_json else None)
     try:
         stats = trio.run(_train_until_done_or_signal, trainer_config)

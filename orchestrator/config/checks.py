@@ -80,6 +80,18 @@ def not_above_sibling(sibling: str, why: str = "") -> Validator:
     return check
 
 
+def one_of(choices: tuple[str, ...]) -> Validator:
+    """The value must be one of `choices`. Loading a file checks a Literal-typed key
+    already (orchestrator.config.converter); this also checks a section built directly."""
+    spelled = ", ".join(format_toml_value(choice) for choice in choices)
+
+    def check(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+        if value not in choices:
+            raise InvalidValue(f"must be one of {spelled}", value=value, key=attribute.name)
+
+    return check
+
+
 def distinct_items(_: object, attribute: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
     """No item may appear twice."""
     seen: set[object] = set()

@@ -24,6 +24,7 @@ from orchestrator.config.checks import (
     listen_address,
     not_above_sibling,
     not_below_sibling,
+    one_of,
 )
 from orchestrator.config.errors import InvalidValue
 from orchestrator.config.reply_limits import (
@@ -32,12 +33,19 @@ from orchestrator.config.reply_limits import (
     derived_max_reply_bytes,
 )
 from orchestrator.core.staleness import Staleness
+from orchestrator.handoff.step_dirs import STEP_LAYOUTS, StepLayout
 from orchestrator.payload import RoutingShape
 
 PayloadMode = Literal["auto", "by_handle", "inline"]
 PayloadField = Literal["routed_experts", "sampling_mask"]
 FinalTokenRoute = Literal["repeat", "sentinel"]
 EnvName = Literal["mixed", "math", "chat"]
+# The form the local inference servers answer in: prime-rl's vLLM extension (packed
+# arrays inline, or by handle) or upstream vLLM (inline only, payload_dir ignored).
+SimReplyForm = Literal["prime-rl", "upstream"]
+SIM_REPLY_FORMS: tuple[SimReplyForm, ...] = ("prime-rl", "upstream")
+# How the trainer names its weights' step directories (batches are always "native").
+WeightsLayout = StepLayout
 
 # Every local inference server listens on loopback, so together they are one host.
 LOCAL_HOST = "127.0.0.1"
@@ -123,6 +131,8 @@ class InferenceConfig:
     """The inference servers the daemon sends rollouts to."""
 
     urls: tuple[str, ...] = attrs.field(default=(), validator=[http_urls, distinct_items])
+    # The served model name sent as each request's `model` (vLLM checks it); "" sends none.
+    model: str = ""
     max_inflight: int = attrs.field(default=64, validator=at_least(1))
     request_timeout_s: float = attrs.field(default=600.0, validator=greater_than(0))
     retries: int = attrs.field(default=3, validator=at_least(0))
@@ -149,6 +159,9 @@ class TrainerConfig:
     # inotify does not see writes made on other hosts, so NFS needs polling.
     force_polling: bool = False
     poll_interval_s: float = attrs.field(default=1.0, validator=greater_than(0))
+    # How the trainer names a version's directory: "native" is ours, step_000007/STABLE;
+    # "prime-rl" is prime-rl's step_7/STABLE (point weights_dir at its broadcasts/).
+    weights_layout: WeightsLayout = attrs.field(default="native", validator=one_of(STEP_LAYOUTS))
 
 
 @attrs.frozen
@@ -183,6 +196,14 @@ class SimConfig:
     top_k: int = attrs.field(default=8, validator=at_least(1))
     num_experts: int = attrs.field(default=128, validator=at_least(1))
     vocab_size: int = attrs.field(default=32000, validator=at_least(1))
+    # How the local servers answer: "prime-rl" (packed inline, or segments by handle) or
+    # "upstream" (vLLM as released: .npy routing, mask lists, payload_dir ignored).
+    reply_form: SimReplyForm = attrs.field(default="prime-rl", validator=one_of(SIM_REPLY_FORMS))
+    # Server settings, as in vLLM: false answers routed_experts / sampling_mask null.
+    capture_routed_experts: bool = True
+    capture_sampling_mask: bool = True
+    # By handle, each segment carries its bytes' digest (this project's extension).
+    payload_digests: bool = False
     time_per_token_s: float = attrs.field(default=0.0, validator=at_least(0))
     http_500_rate: float = attrs.field(default=0.0, validator=fraction)
     hang_rate: float = attrs.field(default=0.0, validator=fraction)
@@ -317,7 +338,7 @@ class Config:
         if self.inference.max_reply_bytes:
             return self.inference.max_reply_bytes
         env, shape = self.env, self.routing_shape
-        model = None if shape is None else ModelShape(shape.layers, shape.top_k, shape.num_experts)
+        model = None if shape is None else ModelShape(shape.layers, shape.top_k)
         return derived_max_reply_bytes(
             by_handle=self.by_handle,
             fields=self.payload.fields,

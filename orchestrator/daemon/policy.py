@@ -1,6 +1,9 @@
 """Policy updates: watch `weights/`, make every server load the new version, apply it,
 collect payload versions below the bound, then sweep stale groups (docs/design.md §3, §5).
 
+Versions are read, and servers told which directory to load, in the trainer's layout
+(`[trainer] weights_layout`: `step_000007`, or prime-rl's `step_7`).
+
 The order is the guarantee: a version is applied only after every inference server has
 loaded it, and `v<k>` directories are collected only once the version is applied, with
 the bound `min_fresh_version(N + 1, m)`, below which no unread batch can reference a file.
@@ -46,7 +49,7 @@ async def broadcast_update_weights(
     meanwhile. Never raises for a failing server (the prober's deadline decides when
     having no server at all is fatal).
     """
-    weight_dir = weights_step_dir(config.weights_dir, version)
+    weight_dir = weights_step_dir(config.weights_dir, version, layout=config.trainer.weights_layout)
 
     async def update(url: str) -> None:
         for attempt in range(config.inference.retries + 1):
@@ -103,8 +106,14 @@ class PolicyWatcher:
 
     async def check_for_new_version(self) -> None:
         above = self.state.applied_version
+        config = self.config
         versions = await trio.to_thread.run_sync(
-            functools.partial(published_versions, self.config.weights_dir, above=above),
+            functools.partial(
+                published_versions,
+                config.weights_dir,
+                above=above,
+                layout=config.trainer.weights_layout,
+            ),
             limiter=self.file_limiter,
         )
         # A version is only legitimate once its batch has shipped: anything newer is a

@@ -259,6 +259,7 @@ def sink_limits(config: Config) -> SinkLimits:
 def probe_settings(config: Config) -> ProbeSettings:
     return ProbeSettings(
         weights_dir=config.weights_dir,
+        weights_layout=config.trainer.weights_layout,
         interval_s=min(1.0, config.inference.unavailable_deadline_s / 3),
         request_timeout_s=min(5.0, config.inference.request_timeout_s),
         unavailable_deadline_s=config.inference.unavailable_deadline_s,
@@ -388,6 +389,7 @@ async def run_daemon(
                     config.weights_dir,
                     start.resume_step,
                     poll_interval_s=config.trainer.poll_interval_s,
+                    layout=config.trainer.weights_layout,
                 )
                 if start.resume_step > 0:
                     await policy.load(start.resume_step)

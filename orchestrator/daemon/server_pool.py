@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import httpx
@@ -21,6 +22,9 @@ import trio
 from orchestrator.daemon.inference_client import post_update_weights
 from orchestrator.daemon.run_state import RunState
 from orchestrator.wire import HEALTH_PATH, InferenceFailure
+
+if TYPE_CHECKING:
+    from orchestrator.handoff import StepLayout
 
 log = structlog.get_logger("orchestrator.servers")
 
@@ -80,10 +84,14 @@ async def probe_health(client: httpx.AsyncClient, url: str) -> bool:
 
 @attrs.frozen
 class ProbeSettings:
+    """How the prober checks down servers, and where the applied version's weights are
+    (`weights_dir`, its step directories named by `weights_layout`)."""
+
     weights_dir: Path
     interval_s: float
     request_timeout_s: float
     unavailable_deadline_s: float
+    weights_layout: StepLayout = "native"
 
 
 async def serve_health_prober(
@@ -111,9 +119,10 @@ async def serve_health_prober(
                 version = state.applied_version
                 if version > 0:
                     try:
-                        await post_update_weights(
-                            client, url, weights_step_dir(settings.weights_dir, version)
+                        weight_dir = weights_step_dir(
+                            settings.weights_dir, version, layout=settings.weights_layout
                         )
+                        await post_update_weights(client, url, weight_dir)
                     except InferenceFailure as exc:
                         log.warning("recovering server refused weights", url=url, error=str(exc))
                         continue

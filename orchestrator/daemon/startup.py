@@ -3,6 +3,7 @@ waits for the trainer to publish the last shipped step, applies it, and collects
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import attrs
@@ -12,6 +13,7 @@ from payload_gc import PayloadGCError, wipe_root_async
 
 from orchestrator.errors import UserError
 from orchestrator.handoff import (
+    StepLayout,
     load_progress,
     published_versions,
     remove_partial_batches,
@@ -64,13 +66,21 @@ async def wipe_payload_root(root: Path) -> None:
         )
 
 
-async def wait_for_version(weights_dir: Path, version: int, *, poll_interval_s: float) -> None:
-    """Wait until `v{version}` is published (v0 always is). The caller sets the deadline."""
+async def wait_for_version(
+    weights_dir: Path,
+    version: int,
+    *,
+    poll_interval_s: float,
+    layout: StepLayout = "native",
+) -> None:
+    """Wait until `v{version}` is published in `layout` (v0 always is). The caller sets
+    the deadline."""
     if version <= 0:
         return
     logged = False
+    list_versions = functools.partial(published_versions, weights_dir, layout=layout)
     while True:
-        versions = await trio.to_thread.run_sync(published_versions, weights_dir)
+        versions = await trio.to_thread.run_sync(list_versions)
         if versions and versions[-1] >= version:
             return
         if not logged:

@@ -4,7 +4,8 @@ docs/design.md §5. The orchestrator ships batch `s` as `<batches_dir>/step_NNNN
 published atomically and never rewritten (`store`, in the format of `format`); the
 trainer reads it (payload bytes included: `reader`'s `read_batch`, also exported as
 `orchestrator.read_batch`) and then publishes `v{s}` as `<weights_dir>/step_NNNNNN/STABLE`
-(`weights`). The daemon keeps its own state next to them (`progress`: `progress.json` and
+(`weights`), or as `<weights_dir>/step_N/STABLE` in prime-rl's layout (`StepLayout`,
+`step_dirs`). The daemon keeps its own state next to them (`progress`: `progress.json` and
 the run lock). docs/protocol.md § Batches describes the format for trainers in other
 codebases.
 """
@@ -28,7 +29,10 @@ from orchestrator.handoff.reader import Batch as Batch
 from orchestrator.handoff.reader import DroppedSample as DroppedSample
 from orchestrator.handoff.reader import SampleArrays as SampleArrays
 from orchestrator.handoff.reader import read_batch as read_batch
+from orchestrator.handoff.step_dirs import STEP_LAYOUTS as STEP_LAYOUTS
+from orchestrator.handoff.step_dirs import StepLayout as StepLayout
 from orchestrator.handoff.step_dirs import parse_step_dir as parse_step_dir
+from orchestrator.handoff.step_dirs import step_dir_name as step_dir_name
 from orchestrator.handoff.store import PARTIAL_BATCH_PREFIX as PARTIAL_BATCH_PREFIX
 from orchestrator.handoff.store import BatchExists as BatchExists
 from orchestrator.handoff.store import batch_step_dir as batch_step_dir
@@ -54,6 +58,7 @@ __all__ = [
     "PARTIAL_BATCH_PREFIX",
     "PROGRESS_FILE",
     "STABLE_MARKER",
+    "STEP_LAYOUTS",
     "WEIGHTS_FORMAT",
     "Batch",
     "BatchDocument",
@@ -63,6 +68,7 @@ __all__ = [
     "Progress",
     "RunLocked",
     "SampleArrays",
+    "StepLayout",
     "TrainSample",
     "batch_step_dir",
     "decode_batch",
@@ -81,6 +87,7 @@ __all__ = [
     "remove_partial_batches",
     "save_progress",
     "shipped_steps",
+    "step_dir_name",
     "wait_for_batch",
     "weights_step_dir",
 ]

@@ -3,6 +3,12 @@
 Batches (`<batches_dir>/step_000007/batch.json`) and weights
 (`<weights_dir>/step_000007/STABLE`) share one naming rule and one completeness rule (a
 real directory holding its marker file, written last), so they live here once.
+
+The naming rule has two layouts. "native", ours, pads the step to 6 digits
+(`step_000007`); every batch uses it. "prime-rl" spells it without padding (`step_7`), as
+prime-rl's trainer names its `broadcasts/step_7/` weights directories
+(`prime_rl.utils.pathing.get_step_path`), so the daemon can follow that trainer's weights
+directly (`[trainer] weights_layout`). Either way each step has exactly one spelling.
 """
 
 from __future__ import annotations
@@ -10,45 +16,67 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Literal, get_args
+
+StepLayout = Literal["native", "prime-rl"]
+STEP_LAYOUTS: tuple[StepLayout, ...] = get_args(StepLayout)
 
 STEP_DIR_PREFIX = "step_"
 STEP_DIR_DIGITS = 6
+
+# The fewest digits each layout writes a step with: "prime-rl" writes 1 (no padding).
+_LAYOUT_DIGITS: dict[StepLayout, int] = {"native": STEP_DIR_DIGITS, "prime-rl": 1}
 
 # ASCII digits only: `str.isdigit` would also accept "٣" and other Unicode digits.
 _STEP_DIR_NAME = re.compile(r"step_([0-9]+)")
 
 
-def step_dir_name(step: int) -> str:
-    """The directory name of step `step`: zero-padded to 6 digits, wider when needed.
+def step_dir_name(step: int, layout: StepLayout = "native") -> str:
+    """The directory name of step `step` in `layout`: `step_000007` ("native": zero-padded
+    to 6 digits, wider when needed) or `step_7` ("prime-rl": no padding).
 
-    Raises ValueError for a negative step.
+    Raises ValueError for a negative step or an unknown layout.
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
-    return f"{STEP_DIR_PREFIX}{step:0{STEP_DIR_DIGITS}d}"
+    return f"{STEP_DIR_PREFIX}{step:0{_layout_digits(layout)}d}"
 
 
-def step_dir(parent: Path, step: int) -> Path:
-    """The directory of step `step` in `parent`: `<parent>/step_000007`.
+def step_dir(parent: Path, step: int, layout: StepLayout = "native") -> Path:
+    """The directory of step `step` in `parent`: `<parent>/step_000007` ("native") or
+    `<parent>/step_7` ("prime-rl").
 
-    Raises ValueError for a negative step.
+    Raises ValueError for a negative step or an unknown layout.
     """
-    return parent / step_dir_name(step)
+    return parent / step_dir_name(step, layout)
 
 
-def parse_step_dir(name: str) -> int | None:
-    """The step a directory name stands for, or None when it is not a step directory.
+def parse_step_dir(name: str, layout: StepLayout = "native") -> int | None:
+    """The step a directory name stands for in `layout`, or None when it is not a step
+    directory of that layout.
 
-    Only the canonical form counts (`step_000007`, `step_1234567`): `step_7`,
-    `step_0000007`, `step_7a`, `STEP_000007` and non-ASCII digits are not step
-    directories. One spelling per step means two directories can never claim the same
-    step.
+    Only the layout's canonical spelling counts, the one `step_dir_name` writes. "native":
+    `step_000007`, `step_1234567`, but not `step_7` or `step_0000007`. "prime-rl": `step_7`,
+    `step_0`, but not `step_07` or `step_000007`. In both, `step_7a`, `STEP_7` and
+    non-ASCII digits are not step directories. One spelling per step means two
+    directories can never claim the same step. Raises ValueError for an unknown layout.
     """
+    _layout_digits(layout)  # an unknown layout is an error, whatever the name
     match = _STEP_DIR_NAME.fullmatch(name)
     if match is None:
         return None
     step = int(match.group(1))
-    return step if step_dir_name(step) == name else None
+    return step if step_dir_name(step, layout) == name else None
+
+
+def _layout_digits(layout: StepLayout) -> int:
+    """The fewest digits `layout` writes a step with. Raises ValueError for an unknown
+    layout (a caller's typo must not read as "no step directory")."""
+    try:
+        return _LAYOUT_DIGITS[layout]
+    except KeyError:
+        choices = ", ".join(repr(choice) for choice in STEP_LAYOUTS)
+        raise ValueError(f"unknown step layout {layout!r} (one of {choices})") from None
 
 
 def is_complete_step_dir(path: Path, marker: str) -> bool:
@@ -61,15 +89,19 @@ def is_complete_step_dir(path: Path, marker: str) -> bool:
     return path.is_dir() and not path.is_symlink() and (path / marker).is_file()
 
 
-def complete_steps(directory: Path, marker: str, *, above: int = -1) -> list[int]:
+def complete_steps(
+    directory: Path, marker: str, *, above: int = -1, layout: StepLayout = "native"
+) -> list[int]:
     """The steps above `above` whose directory in `directory` is complete (holds the file
     `marker`), sorted. Blocking: one listing, and one `stat` per step directory above
     `above`.
 
-    Only canonical step directories count, by the rule of `is_complete_step_dir` (checked
-    here from the listing's file types, to spare a `stat` per directory). A missing
-    `directory` means none. Raises OSError when it exists but cannot be listed.
+    Only the canonical step directories of `layout` count (`parse_step_dir`), by the rule
+    of `is_complete_step_dir` (checked here from the listing's file types, to spare a
+    `stat` per directory). A missing `directory` means none. Raises OSError when it exists
+    but cannot be listed, ValueError for an unknown layout.
     """
+    _layout_digits(layout)  # an unknown layout is an error, even in an empty directory
     try:
         entries = list(os.scandir(directory))
     except FileNotFoundError:
@@ -77,7 +109,7 @@ def complete_steps(directory: Path, marker: str, *, above: int = -1) -> list[int
     return sorted(
         step
         for entry in entries
-        if (step := parse_step_dir(entry.name)) is not None
+        if (step := parse_step_dir(entry.name, layout)) is not None
         and step > above
         and entry.is_dir(follow_symlinks=False)
         and os.path.isfile(os.path.join(entry.path, marker))

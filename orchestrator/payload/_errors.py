@@ -23,7 +23,8 @@ class BadSegment(PayloadError):
     """
 
     def __init__(self, reason: str, file: str, detail: str) -> None:
-        super().__init__(f"bad payload segment (file {file!r}): {reason}: {detail}")
+        # The kind first: a log line cut short still says what was wrong.
+        super().__init__(f"bad payload segment: {reason}: {detail} (file {file!r})")
         self.reason = reason
         self.file = file
         self.detail = detail

@@ -1,8 +1,11 @@
 """The local fleet: simulated inference servers over a deterministic MoE model.
 
-`serve_inference(SimInferenceConfig(...))` runs one server (docs/design.md §4) until cancelled;
-`SimModel` and the pure functions below are what it computes, usable without a server
-(a test can recompute what a server returned).
+`serve_inference(SimInferenceConfig(...))` runs one server until cancelled. It speaks the
+real protocol (orchestrator.wire, docs/protocol.md): vLLM's tokens-in/tokens-out
+`POST /inference/v1/generate`, answered as prime-rl's vLLM extension does (packed arrays
+inline, or segments by handle) or as upstream vLLM does (`reply_form`). `SimModel` and the
+pure functions below are what it computes, usable without a server (a test can recompute
+what a server returned).
 """
 
 from ._faults import Fault as Fault
@@ -15,16 +18,18 @@ from ._model import generate as generate
 from ._model import prefix_hashes as prefix_hashes
 from ._model import route as route
 from ._model import sample_completion as sample_completion
-from ._prefix_cache import PrefixCache as PrefixCache
+from .inference import REPLY_FORMS as REPLY_FORMS
+from .inference import ReplyForm as ReplyForm
 from .inference import SimInferenceConfig as SimInferenceConfig
 from .inference import serve_inference as serve_inference
 
 __all__ = [
+    "REPLY_FORMS",
     "Completion",
     "Fault",
     "FaultRates",
     "Generation",
-    "PrefixCache",
+    "ReplyForm",
     "SamplingParams",
     "SimInferenceConfig",
     "SimModel",

@@ -32,13 +32,15 @@ _rate = attrs.validators.and_(attrs.validators.ge(0.0), attrs.validators.le(1.0)
 class FaultRates:
     """Per-request probability of each fault, each in [0, 1].
 
-    Checked in this order, first hit wins: `http_500` (HTTP 500, nothing generated),
-    `hang` (no answer until the client gives up), `malformed` (status 200, truncated
-    JSON), then, for by-handle requests only, `bad_segment` (one segment gets a traversal
-    file name or an offset past the end of its file) and `payload_error` (the choice
-    reports a write failure and carries no payload). A `malformed` reply is generated
-    (and its payload files written) before the body is cut, as when a proxy drops the
-    end of a real reply: the files are left to the version collector.
+    Checked in this order, first hit wins: `http_500` (HTTP 500 with vLLM's error body,
+    nothing generated), `hang` (no answer until the client gives up), `malformed`
+    (status 200, truncated JSON), then, for by-handle requests only (prime-rl's form with
+    a `payload_dir`), `bad_segment` (the first segment of the first choice names a file
+    outside the payload directory, or an offset past the end of its file) and
+    `payload_error` (the first choice reports a write failure: `"payload_error"` and a
+    null `payload`). A `malformed` reply is generated (and its payload files written)
+    before the body is cut, as when a proxy drops the end of a real reply: the files are
+    left to the version collector.
     """
 
     http_500: float = attrs.field(default=0.0, validator=_rate)

@@ -4,15 +4,19 @@ Nothing here is learned: every output is a pure function of its inputs, computed
 vectorised counter-based hashing, so a test can recompute what a server returned and
 the local fleet costs milliseconds per request instead of a GPU.
 
-- Completions (tokens, logprobs, finish reason, sampling masks) are drawn from a numpy
-  generator seeded by the request: the prompt, the sampling seed and the choice index.
+- Completions (tokens, float32 logprobs, finish reason, sampling masks) are drawn from a
+  numpy generator seeded by the request: the prompt, the sampling seed and the choice
+  index. A sampled stop token (the model's EOS or one of the request's `stop_token_ids`)
+  ends the completion, as in vLLM: the stop token is its last token.
 - Routing rows depend only on the token prefix that ends at their position, like a real
-  batch-invariant model: a later turn that recomputes a position gets the same experts.
+  batch-invariant model: a later turn that recomputes a position gets the same experts,
+  so the rows of a position are the same whichever turn returns them.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from typing import Literal
 
 import attrs
@@ -75,7 +79,6 @@ class SimModel:
     num_experts: int = attrs.field(default=128, validator=_expert_count)
     top_k: int = attrs.field(default=8, validator=[_positive, _top_k_fits])
     vocab_size: int = attrs.field(default=32000, validator=attrs.validators.ge(2))
-    block_size: int = attrs.field(default=16, validator=_positive)
     eos_token_id: int = attrs.field(default=2, validator=attrs.validators.ge(0))
     seed: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
@@ -86,11 +89,16 @@ class SimModel:
             )
 
 
+def _int_tuple(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class SamplingParams:
     """The sampler settings of one request (vLLM's names and meanings).
 
     `top_k <= 0` disables top-k; `temperature == 0` is greedy (masks one token wide).
+    Sampling any of `stop_token_ids` (or the model's EOS) ends the completion.
     """
 
     max_tokens: int = attrs.field(validator=_positive)
@@ -100,6 +108,7 @@ class SamplingParams:
     )
     top_k: int = -1
     seed: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
 
 
 @attrs.frozen
@@ -111,7 +120,7 @@ class Completion:
     """
 
     token_ids: npt.NDArray[np.int64]
-    logprobs: npt.NDArray[np.float64]
+    logprobs: npt.NDArray[np.float32]
     finish_reason: Literal["stop", "length"]
     sampling_mask: npt.NDArray[np.int32]
 
@@ -206,7 +215,10 @@ def sample_completion(
     """Sample choice `index` of a request whose prompt has hash `prompt_hash`.
 
     The length is drawn from the seed: a natural stop (ending with `eos_token_id`,
-    `finish_reason="stop"`) when it falls within `max_tokens`, else `"length"`.
+    `finish_reason="stop"`) when it falls within `max_tokens`, else `"length"`. A token of
+    `params.stop_token_ids` sampled earlier stops there (`"stop"`, the token kept last).
+    Logprobs are float32, as vLLM computes them, so every reply form carries the same
+    values.
     """
     rng = np.random.default_rng([params.seed, index, prompt_hash, model.seed])
     max_tokens = params.max_tokens
@@ -220,11 +232,21 @@ def sample_completion(
     if stops:
         tokens[-1] = model.eos_token_id
     logprobs = -rng.exponential(scale=0.5 * max(params.temperature, 0.05), size=length)
+    mask = _sampling_mask(model, rng, tokens, params)
+    # Everything is drawn at full length first, so a stop token only cuts: the same
+    # request with or without stop_token_ids agrees on every token both sample.
+    if params.stop_token_ids:
+        hits = np.flatnonzero(np.isin(tokens, np.asarray(params.stop_token_ids, dtype=np.int64)))
+        if hits.size:
+            length = int(hits[0]) + 1
+            stops = True
+            tokens, logprobs, mask = tokens[:length], logprobs[:length], mask[:length]
+            mask = mask[:, : int((mask >= 0).sum(axis=1).max())]
     return Completion(
         token_ids=tokens,
-        logprobs=logprobs,
+        logprobs=logprobs.astype(np.float32),
         finish_reason="stop" if stops else "length",
-        sampling_mask=_sampling_mask(model, rng, tokens, params),
+        sampling_mask=np.ascontiguousarray(mask),
     )
 
 
@@ -262,14 +284,13 @@ class Generation:
     """One choice as the server computes it: the completion and its routing rows.
 
     `routed_experts` row `i` is position `routing_start + i` of prompt + completion, up to
-    the second-to-last token (the last sampled token is never run forward).
-    `sequence_hashes` are the prefix hashes of prompt + completion.
+    the second-to-last token (the last sampled token is never run forward): `prompt_len +
+    len(completion) - 1 - routing_start` rows. None when routing is not captured.
     """
 
     completion: Completion
     routing_start: int
-    routed_experts: npt.NDArray[np.unsignedinteger]
-    sequence_hashes: UInt64Array
+    routed_experts: npt.NDArray[np.unsignedinteger] | None
 
 
 def generate(
@@ -278,18 +299,23 @@ def generate(
     prompt_hashes: UInt64Array,
     params: SamplingParams,
     index: int,
-    routing_start: int,
+    routing_start: int | None,
 ) -> Generation:
-    """Sample choice `index` for `prompt` and route it from position `routing_start`.
+    """Sample choice `index` for `prompt` and route it from position `routing_start`
+    (None: no routing is captured).
 
     `prompt_hashes` must be `prefix_hashes(prompt)`; `routing_start` below `len(prompt)`.
     """
     completion = sample_completion(model, int(prompt_hashes[-1]), params, index)
-    sequence = np.concatenate([prompt, completion.token_ids])
+    if routing_start is None:
+        return Generation(completion=completion, routing_start=0, routed_experts=None)
+    if not 0 <= routing_start < prompt.shape[0]:
+        raise ValueError(f"routing_start {routing_start} is not a prompt position")
+    # The last sampled token is never run forward: it has no routing row.
+    sequence = np.concatenate([prompt, completion.token_ids[:-1]])
     hashes = prefix_hashes(sequence)
     return Generation(
         completion=completion,
         routing_start=routing_start,
-        routed_experts=route(model, hashes[routing_start : sequence.shape[0] - 1]),
-        sequence_hashes=hashes,
+        routed_experts=route(model, hashes[routing_start:]),
     )

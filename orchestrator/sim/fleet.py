@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from orchestrator.config import Config
 from orchestrator.sim import FaultRates, SimInferenceConfig, SimModel
+from orchestrator.sim.inference import DEFAULT_SERVED_MODEL_NAME
 from orchestrator.sim.trainer import SimTrainerConfig
 
 
@@ -23,11 +24,18 @@ def sim_model(config: Config) -> SimModel:
 
 
 def sim_inference_config(config: Config, index: int, *, port: int = 0) -> SimInferenceConfig:
-    """Server `index` of the fleet; each draws its faults from its own seed."""
+    """Server `index` of the fleet; each draws its faults from its own seed. It serves
+    the model under `[inference] model` when set (the name the daemon sends), so the
+    name check is exercised, else under the simulator's default name."""
     sim = config.sim
     return SimInferenceConfig(
         model=sim_model(config),
+        served_model_name=config.inference.model or DEFAULT_SERVED_MODEL_NAME,
         port=port,
+        reply_form=sim.reply_form,
+        capture_routed_experts=sim.capture_routed_experts,
+        capture_sampling_mask=sim.capture_sampling_mask,
+        payload_digests=sim.payload_digests,
         time_per_token_s=sim.time_per_token_s,
         faults=FaultRates(
             http_500=sim.http_500_rate,
@@ -50,6 +58,7 @@ def sim_trainer_config(config: Config) -> SimTrainerConfig:
         max_steps=config.max_steps,
         force_polling=config.trainer.force_polling,
         poll_interval_s=config.trainer.poll_interval_s,
+        weights_layout=config.trainer.weights_layout,
         verify=True,
         report_path=config.run_dir / "trainer" / "report.json",
     )

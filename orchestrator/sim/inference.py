@@ -1,15 +1,20 @@
-"""One simulated inference server: the docs/design.md §4 HTTP API over the deterministic model.
+"""One simulated inference server: vLLM's tokens-in/tokens-out API over the deterministic model.
 
 `serve_inference` runs a hypercorn server on trio until cancelled:
 
-- `POST /inference/v1/generate`: completions, with routed experts and sampling masks by
-  handle (a file per choice under the request's `payload_dir`, closed before replying)
-  or inline (base64 in the body);
+- `POST /inference/v1/generate`: vLLM's `GenerateRequest` (orchestrator.sim._wire),
+  answered in the form of the server family `reply_form` names (orchestrator.sim.
+  _response): prime-rl's extension (packed arrays inline, or with
+  `sampling_params.extra_args.payload_dir` one file per choice written there, closed
+  before replying, and segments naming it) or upstream vLLM (`.npy` routing and mask
+  lists inline; `payload_dir` is ignored, as upstream ignores it). Whether routing and
+  masks are captured is a server setting, as in vLLM; routing rows run from the request's
+  `routed_experts_prompt_start` to the last token run forward;
 - `POST /update_weights`: record a new weight directory and the version it names;
 - `GET /health`: served version, request counts, injected faults, payload bytes written.
 
-Latency and faults are configurable, and faults are drawn from a seeded generator, so a
-test or a demo can reproduce a flaky fleet.
+Errors take vLLM's `ErrorResponse` shape. Latency and faults are configurable, and faults
+are drawn from a seeded generator, so a test or a demo can reproduce a flaky fleet.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import json
 import logging
 from collections import Counter
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import attrs
 import numpy as np
@@ -28,6 +33,7 @@ import trio
 
 from orchestrator.payload import write_payload
 from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH
+from orchestrator.wire.segments import segment_to_wire
 
 from ._asgi import (
     BodyTooLarge,
@@ -43,20 +49,31 @@ from ._asgi import (
 )
 from ._faults import Fault, FaultRates, draw_fault
 from ._model import Generation, SimModel, generate, prefix_hashes
-from ._prefix_cache import PrefixCache
 from ._response import (
     corrupt_segment,
-    inline_payload,
-    payload_arrays,
-    render_choice,
+    error_body,
+    narrow_routing,
+    primerl_choice,
     render_response,
-    segments_payload,
+    upstream_choice,
 )
-from ._wire import BadRequest, GenerateRequest, parse_generate_request, parse_weight_update
+from ._wire import GenerateRequest, RequestRefused, parse_generate_request, parse_weight_update
 
-__all__ = ["SimInferenceConfig", "serve_inference"]
+__all__ = [
+    "DEFAULT_SERVED_MODEL_NAME",
+    "REPLY_FORMS",
+    "ReplyForm",
+    "SimInferenceConfig",
+    "serve_inference",
+]
 
 log = structlog.get_logger("orchestrator.sim.inference")
+
+#: The reply forms a server can answer in: prime-rl's vLLM extension, or vLLM as released.
+ReplyForm = Literal["prime-rl", "upstream"]
+REPLY_FORMS: tuple[ReplyForm, ...] = ("prime-rl", "upstream")
+#: The model name a server answers to unless told otherwise.
+DEFAULT_SERVED_MODEL_NAME = "sim-moe"
 
 # 8,000 prompt tokens are ~50 kB of JSON; anything near this is a client bug.
 _MAX_BODY_BYTES = 64 * 2**20
@@ -67,36 +84,56 @@ def _non_negative(_: object, attribute: attrs.Attribute[float], value: float) ->
         raise ValueError(f"{attribute.name} must not be negative, got {value}")
 
 
+def _reply_form(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if value not in REPLY_FORMS:
+        raise ValueError(f"{attribute.name} must be one of {', '.join(REPLY_FORMS)}, got {value!r}")
+
+
+def _model_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not value:
+        raise ValueError(f"{attribute.name} must not be empty")
+
+
 @attrs.frozen
 class SimInferenceConfig:
     """Everything one simulated server needs; the defaults are a quiet, fast server.
 
     - `model`: the simulated model's shape (48 layers, top-8 of 128 experts by default).
+    - `served_model_name`: the name a request's `model` must match (else 404, as vLLM).
     - `host`, `port`: where to listen; port 0 picks a free port (reported on start).
+    - `reply_form`: "prime-rl" (packed inline, or by handle) or "upstream" (vLLM's own
+      form, always inline).
+    - `capture_routed_experts`, `capture_sampling_mask`: whether replies carry routing and
+      masks (vLLM's `enable_return_routed_experts` and its like: server settings).
+    - `payload_digests`: by handle, add each segment's `digest` (this project's extension).
     - `time_per_token_s`, `request_overhead_s`: the latency model, slept per request:
       overhead + time per token x the longest choice (choices decode in parallel).
     - `weight_update_s`: how long `/update_weights` takes.
     - `faults`, `fault_seed`: fault rates and the seed of the generator they are drawn from.
     - `fsync`: fsync each payload file before closing it.
-    - `prefix_cache_blocks`: prefix cache capacity in blocks of `model.block_size` tokens.
-    - `max_model_len`: longest prompt + max_tokens accepted.
+    - `max_model_len`: longest prompt + max_tokens accepted; an absent `max_tokens` is
+      what the prompt leaves of it.
     - `worker_threads`: bound on concurrent model computations and on concurrent writes.
 
     Raises `ValueError` from the constructor when a field is out of range.
     """
 
     model: SimModel = attrs.field(factory=SimModel)
+    served_model_name: str = attrs.field(default=DEFAULT_SERVED_MODEL_NAME, validator=_model_name)
     host: str = "127.0.0.1"
     port: int = attrs.field(
         default=0, validator=[attrs.validators.ge(0), attrs.validators.le(65535)]
     )
+    reply_form: ReplyForm = attrs.field(default="prime-rl", validator=_reply_form)
+    capture_routed_experts: bool = True
+    capture_sampling_mask: bool = True
+    payload_digests: bool = False
     time_per_token_s: float = attrs.field(default=0.0, validator=_non_negative)
     request_overhead_s: float = attrs.field(default=0.0, validator=_non_negative)
     weight_update_s: float = attrs.field(default=0.0, validator=_non_negative)
     faults: FaultRates = attrs.field(factory=FaultRates)
     fault_seed: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     fsync: bool = False
-    prefix_cache_blocks: int = attrs.field(default=65536, validator=attrs.validators.ge(0))
     max_model_len: int = attrs.field(default=65536, validator=attrs.validators.ge(2))
     worker_threads: int = attrs.field(default=4, validator=attrs.validators.ge(1))
 
@@ -106,7 +143,6 @@ class _ServerState:
     """What one server remembers between requests (touched only from its event loop)."""
 
     config: SimInferenceConfig
-    prefix_cache: PrefixCache
     fault_rng: np.random.Generator
     compute_limiter: trio.CapacityLimiter
     write_limiter: trio.CapacityLimiter
@@ -122,7 +158,6 @@ class _ServerState:
     def fresh(cls, config: SimInferenceConfig) -> _ServerState:
         return cls(
             config=config,
-            prefix_cache=PrefixCache(config.model.block_size, config.prefix_cache_blocks),
             fault_rng=np.random.default_rng(config.fault_seed),
             compute_limiter=trio.CapacityLimiter(config.worker_threads),
             write_limiter=trio.CapacityLimiter(config.worker_threads),
@@ -131,6 +166,7 @@ class _ServerState:
     def health(self) -> dict[str, Any]:
         return {
             "status": "ok",
+            "model": self.config.served_model_name,
             "version": self.version,
             "weight_dir": self.weight_dir,
             "requests_served": self.requests_served,
@@ -138,24 +174,58 @@ class _ServerState:
             "faults": {fault.value: self.faults_served[fault.value] for fault in Fault},
             "payload_files_written": self.payload_files,
             "payload_bytes_written": self.payload_bytes,
-            "prefix_cache_blocks": len(self.prefix_cache),
         }
 
 
-def _generate_all(
-    model: SimModel, request: GenerateRequest, routing_start: int
-) -> list[Generation]:
+def _generate_all(model: SimModel, request: GenerateRequest, routing: bool) -> list[Generation]:
     """Every choice of a request (CPU-bound numpy: runs in a worker thread)."""
     prompt = np.asarray(request.token_ids, dtype=np.int64)
     hashes = prefix_hashes(prompt)
+    start = request.routing_start if routing else None
     return [
-        generate(model, prompt, hashes, request.sampling, index, routing_start)
+        generate(model, prompt, hashes, request.sampling, index, start)
         for index in range(request.n)
+    ]
+
+
+def _inline_choices(
+    config: SimInferenceConfig, request: GenerateRequest, generations: list[Generation]
+) -> list[dict[str, Any]]:
+    """Every choice of an inline reply (base64 of whole arrays: runs in a worker thread)."""
+    mask_on = config.capture_sampling_mask
+    if config.reply_form == "upstream":
+        return [
+            upstream_choice(
+                index,
+                g.completion,
+                logprobs=request.logprobs,
+                routing=g.routed_experts,
+                mask=g.completion.sampling_mask if mask_on else None,
+            )
+            for index, g in enumerate(generations)
+        ]
+    return [
+        primerl_choice(
+            index,
+            g.completion,
+            logprobs=request.logprobs,
+            routing=(
+                None
+                if g.routed_experts is None
+                else (narrow_routing(g.routed_experts), g.routing_start)
+            ),
+            mask=g.completion.sampling_mask if mask_on else None,
+        )
+        for index, g in enumerate(generations)
     ]
 
 
 def _encode(body: dict[str, Any]) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+async def _send_error(send: Send, status: int, message: str) -> None:
+    await send_json(send, status, error_body(status, message))
 
 
 @attrs.frozen
@@ -178,9 +248,9 @@ class _InferenceApp:
         elif route == ("GET", HEALTH_PATH):
             await send_json(send, 200, self.state.health())
         elif scope["path"] in (GENERATE_PATH, UPDATE_WEIGHTS_PATH, HEALTH_PATH):
-            await send_json(send, 405, {"error": f"method {scope['method']} not allowed"})
+            await _send_error(send, 405, f"Method {scope['method']} not allowed")
         else:
-            await send_json(send, 404, {"error": f"no route {scope['path']}"})
+            await _send_error(send, 404, f"No route {scope['path']}")
 
     async def _body(self, receive: Receive, send: Send) -> bytes | None:
         """The request body, or None after answering 413 (or seeing the client leave)."""
@@ -189,7 +259,7 @@ class _InferenceApp:
         except ClientGone:
             return None
         except BodyTooLarge:
-            await send_json(send, 413, {"error": f"body larger than {_MAX_BODY_BYTES} bytes"})
+            await _send_error(send, 413, f"body larger than {_MAX_BODY_BYTES} bytes")
             return None
 
     async def _update_weights(self, receive: Receive, send: Send) -> None:
@@ -198,16 +268,14 @@ class _InferenceApp:
             return
         try:
             update = parse_weight_update(body)
-        except BadRequest as exc:
-            await send_json(send, 400, {"error": str(exc)})
+        except RequestRefused as exc:
+            await _send_error(send, exc.status, str(exc))
             return
         await trio.sleep(self.state.config.weight_update_s)
         state = self.state
         state.weight_dir = update.weight_dir
         if update.version is not None:
             state.version = update.version
-        # New weights route differently: every cached prefix is stale, as in vLLM.
-        state.prefix_cache.clear()
         log.info("weights updated", weight_dir=update.weight_dir, version=update.version)
         await send_json(send, 200, {"weight_dir": update.weight_dir, "version": update.version})
 
@@ -229,36 +297,45 @@ class _InferenceApp:
         """Status and body for a generate request (status None: the client gave up)."""
         state, config = self.state, self.state.config
         try:
-            request = parse_generate_request(body, config.model, max_model_len=config.max_model_len)
-        except BadRequest as exc:
-            return 400, _encode({"error": str(exc)})
-        draw = draw_fault(state.fault_rng, config.faults, by_handle=request.payload_dir is not None)
+            request = parse_generate_request(
+                body,
+                config.model,
+                max_model_len=config.max_model_len,
+                served_model_name=config.served_model_name,
+            )
+        except RequestRefused as exc:
+            return exc.status, _encode(error_body(exc.status, str(exc)))
+        # Upstream vLLM has no by-handle mode: it ignores payload_dir and answers inline.
+        payload_dir = request.payload_dir if config.reply_form == "prime-rl" else None
+        draw = draw_fault(state.fault_rng, config.faults, by_handle=payload_dir is not None)
         if draw.fault is Fault.HTTP_500:
             state.faults_served[Fault.HTTP_500.value] += 1
-            return 500, _encode({"error": "simulated internal server error"})
+            message = "simulated internal server error (injected fault)"
+            return 500, _encode(error_body(500, message))
         if draw.fault is Fault.HANG:
             state.faults_served[Fault.HANG.value] += 1
             await wait_for_disconnect(receive)
             return None, b""
 
-        prompt_len = len(request.token_ids)
-        prompt_hashes = prefix_hashes(np.asarray(request.token_ids, dtype=np.int64))
-        routing_start = state.prefix_cache.cached_prefix_len(prompt_hashes, prompt_len)
         generations = await trio.to_thread.run_sync(
-            functools.partial(_generate_all, config.model, request, routing_start),
+            functools.partial(_generate_all, config.model, request, config.capture_routed_experts),
             limiter=state.compute_limiter,
         )
-        for generation in generations:
-            # The last sampled token was never run forward, so it is not cached either.
-            computed = generation.sequence_hashes.shape[0] - 1
-            state.prefix_cache.remember(generation.sequence_hashes, computed)
         longest = max(len(g.completion.token_ids) for g in generations)
         await trio.sleep(config.request_overhead_s + config.time_per_token_s * longest)
 
-        choices = [
-            await self._choice(request, index, generation, draw.fault, draw.variant)
-            for index, generation in enumerate(generations)
-        ]
+        if payload_dir is None:
+            choices = await trio.to_thread.run_sync(
+                _inline_choices, config, request, generations, limiter=state.compute_limiter
+            )
+        else:
+            choices = [
+                await self._by_handle_choice(
+                    request, payload_dir, index, generation, draw.fault, draw.variant
+                )
+                for index, generation in enumerate(generations)
+            ]
+        prompt_len = len(request.token_ids)
         response = render_response(request.request_id, choices, prompt_len)
         encoded = await trio.to_thread.run_sync(_encode, response, limiter=state.compute_limiter)
         if draw.fault is Fault.MALFORMED:
@@ -268,61 +345,60 @@ class _InferenceApp:
             "generated",
             request_id=request.request_id,
             prompt_len=prompt_len,
-            routing_start=routing_start,
+            routing_start=request.routing_start,
             choices=len(choices),
-            by_handle=request.payload_dir is not None,
+            by_handle=payload_dir is not None,
             response_bytes=len(encoded),
         )
         return 200, encoded
 
-    async def _choice(
+    async def _by_handle_choice(
         self,
         request: GenerateRequest,
+        payload_dir: Path,
         index: int,
         generation: Generation,
         fault: Fault | None,
         variant: float,
     ) -> dict[str, Any]:
-        """One rendered choice, its payload written by handle or encoded inline."""
-        state = self.state
-        prompt_len = len(request.token_ids)
-        arrays = payload_arrays(
-            generation,
-            prompt_len,
-            routed_experts=request.return_routed_experts,
-            sampling_mask=request.return_sampling_mask,
-        )
-        if request.payload_dir is None:
-            payload = await trio.to_thread.run_sync(
-                inline_payload, arrays, limiter=state.compute_limiter
+        """One choice by handle: routing then mask written into one new file, segments in
+        the reply (`"payload": []` and no file when nothing is captured)."""
+        state, config = self.state, self.state.config
+        completion = generation.completion
+        arrays: dict[str, tuple[np.ndarray, int]] = {}
+        if generation.routed_experts is not None:
+            arrays["routed_experts"] = (
+                narrow_routing(generation.routed_experts),
+                generation.routing_start,
             )
-            return render_choice(index, generation, prompt_len, payload)
+        if config.capture_sampling_mask:
+            arrays["sampling_mask"] = (completion.sampling_mask, len(request.token_ids))
+        choice = functools.partial(primerl_choice, index, completion, logprobs=request.logprobs)
         if not arrays:
-            return render_choice(index, generation, prompt_len, segments_payload([]))
+            return choice(payload=[])
         # Faults hit the first choice only: a request with several choices then has a
         # poisoned rollout next to healthy ones, the case the orchestrator must keep apart.
         if fault is Fault.PAYLOAD_ERROR and index == 0:
             state.faults_served[Fault.PAYLOAD_ERROR.value] += 1
-            error = "simulated payload write failure (injected fault)"
-            return render_choice(index, generation, prompt_len, {"payload_error": error})
+            return choice(payload_error="simulated payload write failure (injected fault)")
         try:
             segments = await write_payload(
-                Path(request.payload_dir),
-                arrays,
-                fsync=state.config.fsync,
-                limiter=state.write_limiter,
+                payload_dir, arrays, fsync=config.fsync, limiter=state.write_limiter
             )
         except (OSError, ValueError) as exc:
             log.warning("payload write failed", request_id=request.request_id, error=str(exc))
-            error = f"{type(exc).__name__}: {exc}"
-            return render_choice(index, generation, prompt_len, {"payload_error": error})
+            return choice(payload_error=f"{type(exc).__name__}: {exc}")
         file_size = sum(segment.nbytes for segment in segments)
         state.payload_files += 1
         state.payload_bytes += file_size
+        wire = [
+            segment_to_wire(segment, payload_dir, digest=config.payload_digests)
+            for segment in segments
+        ]
         if fault is Fault.BAD_SEGMENT and index == 0:
             state.faults_served[Fault.BAD_SEGMENT.value] += 1
-            segments[0] = corrupt_segment(segments[0], file_size, variant)
-        return render_choice(index, generation, prompt_len, segments_payload(segments))
+            wire[0] = corrupt_segment(wire[0], payload_dir, file_size, variant)
+        return choice(payload=wire)
 
 
 async def serve_inference(
@@ -352,5 +428,11 @@ async def serve_inference(
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(functools.partial(serve, app, hypercorn_config))
         url = binds[0]
-        log.info("inference server listening", url=url, model=attrs.asdict(config.model))
+        log.info(
+            "inference server listening",
+            url=url,
+            served_model_name=config.served_model_name,
+            reply_form=config.reply_form,
+            model=attrs.asdict(config.model),
+        )
         task_status.started(url)

@@ -34,6 +34,7 @@ from orchestrator.handoff import (
     BATCH_FILE,
     BatchError,
     DroppedSample,
+    StepLayout,
     latest_published_version,
     publish_weights,
     read_batch,
@@ -64,8 +65,10 @@ class SimTrainerConfig:
     """What the local trainer needs. `max_steps = 0` trains until cancelled.
 
     `poll_interval_s` bounds how long a missed filesystem event can delay the trainer,
-    and is the polling period with `force_polling` (NFS). Raises ValueError for
-    negative times or steps, or a poll interval that is not positive.
+    and is the polling period with `force_polling` (NFS). `weights_layout` names the
+    versions it publishes (and resumes after): "native" `step_000007`, or "prime-rl"
+    `step_7`, to stand in for prime-rl's trainer. Raises ValueError for negative times or
+    steps, or a poll interval that is not positive.
     """
 
     batches_dir: Path
@@ -76,6 +79,7 @@ class SimTrainerConfig:
     poll_interval_s: float = attrs.field(default=1.0, validator=_positive)
     verify: bool = True
     report_path: Path | None = None
+    weights_layout: StepLayout = "native"
 
 
 @attrs.frozen
@@ -204,7 +208,10 @@ async def serve_trainer(
             functools.partial(_read_step, batch_dir, step, config.verify), limiter
         )
         await trio.sleep(config.train_time_s)
-        await _in_thread(functools.partial(publish_weights, config.weights_dir, step), limiter)
+        publish = functools.partial(
+            publish_weights, config.weights_dir, step, layout=config.weights_layout
+        )
+        await _in_thread(publish, limiter)
         stats.last_step = step
         stats.steps += 1
         stats.samples += read.samples
@@ -233,7 +240,7 @@ def _prepare_dirs(config: SimTrainerConfig) -> int:
     config.weights_dir.mkdir(parents=True, exist_ok=True)
     if config.report_path is not None:
         config.report_path.parent.mkdir(parents=True, exist_ok=True)
-    return latest_published_version(config.weights_dir)
+    return latest_published_version(config.weights_dir, layout=config.weights_layout)
 
 
 def _initial_stats(config: SimTrainerConfig, latest: int) -> TrainerStats:

@@ -176,7 +176,7 @@ async def test_faulty_fleet_completes_counts_failures_and_never_trains_on_bad_pa
     # A traversal name was among the bad segments, and was refused, not followed.
     # (Its texts are what the rejections remember; the log has one line per interval.)
     reasons = [text for text, _ in state.rejections.most_common("poisoned_payload", 100)]
-    assert any(TRAVERSAL_FILE_NAME in reason for reason in reasons), reasons[:5]
+    assert any("traversal" in reason for reason in reasons), reasons[:5]
     assert any("payload_error" in reason for reason in reasons), reasons[:5]
     lines = [e for e in events(logs, "rollout failure") if e["kind"] == "poisoned_payload"]
     assert lines and all(e["log_level"] == "warning" for e in lines)

@@ -150,3 +150,33 @@ def test_an_unwritable_run_dir_is_one_line_and_exit_two(
     assert err.startswith("orchestrator sim-trainer: error: local trainer: ")
     assert "Not a directory" in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "layout_args",
+    [
+        ["--weights-layout", "prime-rl"],
+        ["--set", 'trainer.weights_layout="prime-rl"'],
+        # The flag wins over the config.
+        ["--set", 'trainer.weights_layout="native"', "--weights-layout", "prime-rl"],
+    ],
+)
+def test_publishes_in_the_prime_rl_layout_when_asked(
+    tmp_path: Path, layout_args: list[str]
+) -> None:
+    for step in (1, 2):
+        _ship(tmp_path, step)
+    assert main(["sim-trainer", *_settings(tmp_path, 2), *layout_args]) == 0
+    weights_dir = tmp_path / "weights"
+    assert sorted(p.name for p in weights_dir.iterdir()) == ["step_1", "step_2"]
+    assert published_versions(weights_dir, layout="prime-rl") == [1, 2]
+    assert published_versions(weights_dir) == []
+
+
+def test_an_unknown_weights_layout_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sim-trainer", *_settings(tmp_path, 1), "--weights-layout", "prime_rl"])
+    assert exit_info.value.code == 2
+    assert "--weights-layout" in capsys.readouterr().err

@@ -331,7 +331,7 @@ def _bad_cases(branch: Branch, payload_dir: Path) -> list[tuple[object, str]]:
         ({**good, "samples": [{"token_ids": []}]}, "samples[0]: missing key(s)"),
         ({**good, "format": "other/1"}, "unknown format 'other/1'"),
         ({**good, "step": 2}, "step 2 in the directory of step 1"),
-        (traversal, "samples[0]: bad payload segment (file '../v2/x.bin')"),
+        (traversal, "samples[0]: bad payload segment: traversal"),
         (wrong_version, "is not v3, the sample's dispatch version"),
         (misplaced_inline, "inline sampling_mask has rows 1..25, the sample needs 0..24"),
     ]

@@ -1,4 +1,4 @@
-"""The deterministic MoE model: determinism, routing rules, masks, dtypes, prefix cache."""
+"""The deterministic MoE model: determinism, routing rules, masks, dtypes, stop tokens."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.sim import (
-    PrefixCache,
     SamplingParams,
     SimModel,
     generate,
@@ -174,16 +173,71 @@ def test_top_p_narrows_masks() -> None:
     assert (narrow.sampling_mask != -1).sum() < (wide.sampling_mask != -1).sum() / 2
 
 
-def test_generate_routes_from_the_start_to_the_second_to_last_token() -> None:
+@pytest.mark.parametrize("start", [0, 37, 99])
+def test_generate_routes_from_the_start_to_the_second_to_last_token(start: int) -> None:
     prompt = _tokens(100)
     params = SamplingParams(max_tokens=30, seed=2)
-    generation = generate(MODEL, prompt, prefix_hashes(prompt), params, 0, routing_start=64)
+    generation = generate(MODEL, prompt, prefix_hashes(prompt), params, 0, routing_start=start)
     completion_len = len(generation.completion.token_ids)
-    assert generation.routing_start == 64
-    assert generation.routed_experts.shape == (100 + completion_len - 1 - 64, 48, 8)
+    assert generation.routing_start == start
+    assert generation.routed_experts is not None
+    assert generation.routed_experts.shape == (100 + completion_len - 1 - start, 48, 8)
     sequence = np.concatenate([prompt, generation.completion.token_ids])
     full = route(MODEL, prefix_hashes(sequence[:-1]))
-    np.testing.assert_array_equal(generation.routed_experts, full[64:])
+    np.testing.assert_array_equal(generation.routed_experts, full[start:])
+
+
+def test_generate_without_routing_samples_the_same_completion() -> None:
+    prompt = _tokens(50)
+    params = SamplingParams(max_tokens=30, seed=2)
+    routed = generate(MODEL, prompt, prefix_hashes(prompt), params, 0, routing_start=0)
+    plain = generate(MODEL, prompt, prefix_hashes(prompt), params, 0, routing_start=None)
+    assert plain.routed_experts is None
+    np.testing.assert_array_equal(plain.completion.token_ids, routed.completion.token_ids)
+
+
+@pytest.mark.parametrize("start", [-1, 50])
+def test_generate_refuses_a_start_outside_the_prompt(start: int) -> None:
+    prompt = _tokens(50)
+    with pytest.raises(ValueError, match="routing_start"):
+        generate(MODEL, prompt, prefix_hashes(prompt), SamplingParams(max_tokens=4), 0, start)
+
+
+def test_logprobs_are_float32() -> None:
+    completion = sample_completion(MODEL, 3, SamplingParams(max_tokens=20, seed=4), 0)
+    assert completion.logprobs.dtype == np.float32
+
+
+def test_a_sampled_stop_token_ends_the_completion() -> None:
+    params = SamplingParams(max_tokens=64, top_k=10, seed=5)
+    free = sample_completion(MODEL, 77, params, 0)
+    assert len(free.token_ids) > 6
+    stop = int(free.token_ids[5])
+    first = int(np.flatnonzero(free.token_ids == stop)[0])
+    stopped = sample_completion(
+        MODEL, 77, SamplingParams(max_tokens=64, top_k=10, seed=5, stop_token_ids=[stop, 31999]), 0
+    )
+    assert stopped.finish_reason == "stop"
+    # The stop token is kept, as vLLM keeps it; everything before it is what the free
+    # request sampled.
+    np.testing.assert_array_equal(stopped.token_ids, free.token_ids[: first + 1])
+    np.testing.assert_array_equal(stopped.logprobs, free.logprobs[: first + 1])
+    widths = (stopped.sampling_mask >= 0).sum(axis=1)
+    assert stopped.sampling_mask.shape[1] == widths.max()
+    np.testing.assert_array_equal(
+        stopped.sampling_mask, free.sampling_mask[: first + 1, : stopped.sampling_mask.shape[1]]
+    )
+
+
+def test_stop_token_ids_never_sampled_change_nothing() -> None:
+    params = SamplingParams(max_tokens=40, seed=6)
+    free = sample_completion(MODEL, 8, params, 0)
+    unused = next(t for t in range(3, MODEL.vocab_size) if t not in set(free.token_ids.tolist()))
+    same = sample_completion(
+        MODEL, 8, SamplingParams(max_tokens=40, seed=6, stop_token_ids=[unused]), 0
+    )
+    np.testing.assert_array_equal(same.token_ids, free.token_ids)
+    assert same.finish_reason == free.finish_reason
 
 
 def test_model_rejects_impossible_shapes() -> None:
@@ -193,41 +247,3 @@ def test_model_rejects_impossible_shapes() -> None:
         SimModel(num_experts=70000)
     with pytest.raises(ValueError, match="eos_token_id"):
         SimModel(vocab_size=2, eos_token_id=2)
-
-
-def test_prefix_cache_hits_whole_blocks_strictly_inside_the_prompt() -> None:
-    cache = PrefixCache(block_size=16, capacity_blocks=100)
-    tokens = _tokens(64)
-    hashes = prefix_hashes(tokens)
-    assert cache.cached_prefix_len(hashes, 64) == 0
-    cache.remember(hashes, 64)
-    assert len(cache) == 4
-    # A prompt of exactly the cached 64 tokens must still compute its last token.
-    assert cache.cached_prefix_len(hashes, 64) == 48
-    longer = prefix_hashes(np.concatenate([tokens, _tokens(10, seed=5)]))
-    assert cache.cached_prefix_len(longer, 74) == 64
-    assert cache.cached_prefix_len(longer[:40], 40) == 32
-    other = prefix_hashes(_tokens(64, seed=9))
-    assert cache.cached_prefix_len(other, 64) == 0
-
-
-def test_prefix_cache_counts_only_blocks_contiguous_from_the_start() -> None:
-    cache = PrefixCache(block_size=4, capacity_blocks=2)
-    hashes = prefix_hashes(_tokens(20))
-    cache.remember(hashes, 12)  # blocks 0, 1, 2; capacity 2 evicts block 0
-    assert len(cache) == 2
-    assert cache.cached_prefix_len(hashes, 20) == 0
-
-
-def test_prefix_cache_evicts_least_recently_used() -> None:
-    cache = PrefixCache(block_size=4, capacity_blocks=2)
-    first, second, third = (prefix_hashes(_tokens(5, seed=s)) for s in range(3))
-    cache.remember(first, 4)
-    cache.remember(second, 4)
-    assert cache.cached_prefix_len(first, 5) == 4  # touches first
-    cache.remember(third, 4)  # evicts second, the least recently used
-    assert cache.cached_prefix_len(first, 5) == 4
-    assert cache.cached_prefix_len(second, 5) == 0
-    assert cache.cached_prefix_len(third, 5) == 4
-    cache.clear()
-    assert cache.cached_prefix_len(first, 5) == 0
