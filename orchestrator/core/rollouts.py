@@ -15,15 +15,14 @@ Vocabulary (docs/design.md §3, §6):
 from __future__ import annotations
 
 import enum
-import operator
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
 
 import attrs
 import numpy as np
 
+from orchestrator.core.arrays import ARRAY_EQ, float_array, frozen_arrays, mask_array, token_array
 from orchestrator.payload import FIELDS, PayloadSegment
 
 
@@ -42,26 +41,30 @@ class Discard(enum.Enum):
 class Sample:
     """One trainable token sequence (a trajectory branch) and its payload references.
 
-    `payload` holds the stitched by-handle segments per field (all in `payload_dir`);
-    `inline` holds the stitched arrays in `encode_inline` form when the run is inline.
+    `token_ids` are int32, `loss_mask` bool (completion tokens), `logprobs` float32 (0 on
+    prompt positions). `payload` holds the stitched by-handle segments per field (all in
+    `payload_dir`); `inline` holds the stitched arrays (one row per position) when the
+    run is inline.
     `files` are the absolute paths of every payload file the branch's turns wrote: the
     sink reference-counts them. `untrainable` names why the branch cannot be trained
     (poisoned payload, no loss tokens, too long); such a sample is discarded at admission.
     """
 
     rollout_id: str
-    token_ids: tuple[int, ...]
-    loss_mask: tuple[int, ...]
-    logprobs: tuple[float, ...]
+    token_ids: np.ndarray = attrs.field(converter=token_array, eq=ARRAY_EQ, hash=False)
+    loss_mask: np.ndarray = attrs.field(converter=mask_array, eq=ARRAY_EQ, hash=False)
+    logprobs: np.ndarray = attrs.field(converter=float_array, eq=ARRAY_EQ, hash=False)
     payload_dir: str | None = None
     payload: Mapping[str, tuple[PayloadSegment, ...]] = attrs.field(factory=dict)
-    inline: Mapping[str, Mapping[str, object]] | None = None
+    inline: Mapping[str, np.ndarray] | None = attrs.field(
+        default=None, converter=frozen_arrays, eq=ARRAY_EQ, hash=False
+    )
     files: frozenset[str] = frozenset()
     untrainable: str | None = None
 
     @property
     def loss_tokens(self) -> int:
-        return sum(self.loss_mask)
+        return int(np.count_nonzero(self.loss_mask))
 
 
 @attrs.frozen
@@ -95,44 +98,22 @@ class GroupResult:
     server: str | None = None
 
 
-def _int_tuple(value: Iterable[int]) -> tuple[int, ...]:
-    # Plain ints only: json.dumps cannot write numpy scalars. tolist() turns an array into
-    # Python numbers; operator.index turns bools into ints and refuses floats rather than
-    # truncating them.
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    return tuple(map(operator.index, value))
-
-
-def _float_tuple(value: Iterable[float]) -> tuple[float, ...]:
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    return tuple(map(float, value))
-
-
 def _segments_by_field(
     value: Mapping[str, Sequence[PayloadSegment]],
 ) -> Mapping[str, tuple[PayloadSegment, ...]]:
     return MappingProxyType({field: tuple(segments) for field, segments in value.items()})
 
 
-def _inline_by_field(
-    value: Mapping[str, Mapping[str, Any]] | None,
-) -> Mapping[str, Mapping[str, Any]] | None:
-    if value is None:
-        return None
-    return MappingProxyType({field: MappingProxyType(dict(obj)) for field, obj in value.items()})
-
-
 @attrs.frozen
 class TrainSample:
     """One training sample of a batch: a token sequence with its loss data and payload.
 
-    `loss_mask[i]` is 1 where position `i` is trained on (completion tokens), 0 on prompt
-    positions; `logprobs[i]` is the inference logprob (0.0 on prompt positions). The
-    payload comes by handle (`payload_dir` plus segments per field, already stitched so
-    that they cover the sample's positions), inline (per field, the `encode_inline` form),
-    or not at all (no payload fields requested, or routing dropped because of a gap).
+    Per position, as read-only arrays: `token_ids` (int32), `loss_mask` (bool: true where
+    position `i` is trained on, the completion tokens), `logprobs` (float32, the
+    inference logprob, 0 on prompt positions). The payload comes by handle (`payload_dir`
+    plus segments per field, already stitched so that they cover the sample's positions),
+    inline (per field, the stitched array, one row per position), or not at all (no
+    payload fields requested, or routing dropped because of a gap).
     `server` is the URL of the inference server that generated the rollout, when known
     (a reader names it when it drops the sample for a bad payload).
 
@@ -145,15 +126,15 @@ class TrainSample:
     dispatch_version: int
     reward: float
     advantage: float
-    token_ids: tuple[int, ...] = attrs.field(converter=_int_tuple)
-    loss_mask: tuple[int, ...] = attrs.field(converter=_int_tuple)
-    logprobs: tuple[float, ...] = attrs.field(converter=_float_tuple)
+    token_ids: np.ndarray = attrs.field(converter=token_array, eq=ARRAY_EQ, hash=False)
+    loss_mask: np.ndarray = attrs.field(converter=mask_array, eq=ARRAY_EQ, hash=False)
+    logprobs: np.ndarray = attrs.field(converter=float_array, eq=ARRAY_EQ, hash=False)
     payload: Mapping[str, tuple[PayloadSegment, ...]] = attrs.field(
         factory=dict, converter=_segments_by_field
     )
     payload_dir: str | None = None
-    inline: Mapping[str, Mapping[str, Any]] | None = attrs.field(
-        default=None, converter=_inline_by_field
+    inline: Mapping[str, np.ndarray] | None = attrs.field(
+        default=None, converter=frozen_arrays, eq=ARRAY_EQ, hash=False
     )
     server: str | None = None
 
@@ -166,8 +147,8 @@ class TrainSample:
                 f"token_ids, loss_mask and logprobs differ in length "
                 f"({length}, {len(self.loss_mask)}, {len(self.logprobs)})"
             )
-        if not set(self.loss_mask) <= {0, 1}:
-            raise ValueError("loss_mask holds a value other than 0 and 1")
+        if not np.isfinite(self.logprobs).all():
+            raise ValueError("logprobs holds a value that is not finite")
         if self.start_version < 0 or self.dispatch_version < self.start_version:
             raise ValueError(
                 f"versions must satisfy 0 <= start_version <= dispatch_version, "
@@ -186,37 +167,16 @@ class TrainSample:
                 raise ValueError(f"payload field {field!r} has no segments")
             if any(segment.field != field for segment in segments):
                 raise ValueError(f"payload field {field!r} holds a segment of another field")
-        for field in self.inline or {}:
+        for field, array in (self.inline or {}).items():
             if field not in FIELDS:
                 raise ValueError(f"unknown inline field {field!r}")
+            if array.ndim < 2 or array.shape[0] != length:
+                raise ValueError(
+                    f"inline {field} has shape {list(array.shape)}, the sample needs "
+                    f"{length} rows"
+                )
 
     @property
     def payload_fields(self) -> frozenset[str]:
         """The payload fields this sample carries, by handle or inline."""
         return frozenset(self.payload) | frozenset(self.inline or {})
-
-    def to_json(self) -> dict[str, Any]:
-        """The sample's JSON object; `server`, `payload_dir`/`payload` and `inline` only
-        when set."""
-        obj: dict[str, Any] = {
-            "group_id": self.group_id,
-            "rollout_id": self.rollout_id,
-            "start_version": self.start_version,
-            "dispatch_version": self.dispatch_version,
-            "reward": self.reward,
-            "advantage": self.advantage,
-            "token_ids": list(self.token_ids),
-            "loss_mask": list(self.loss_mask),
-            "logprobs": list(self.logprobs),
-        }
-        if self.server is not None:
-            obj["server"] = self.server
-        if self.payload:
-            obj["payload_dir"] = self.payload_dir
-            obj["payload"] = {
-                field: [segment.to_json() for segment in segments]
-                for field, segments in self.payload.items()
-            }
-        if self.inline is not None:
-            obj["inline"] = {field: dict(value) for field, value in self.inline.items()}
-        return obj

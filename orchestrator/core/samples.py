@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
+import numpy as np
 import structlog
 
 from orchestrator.core.rollouts import Sample
@@ -20,7 +21,6 @@ from orchestrator.payload import (
     BadSegment,
     FinalTokenRoute,
     PayloadSegment,
-    encode_inline,
     stitch_inline_masks,
     stitch_inline_routing,
     stitch_masks,
@@ -32,7 +32,7 @@ log = structlog.get_logger("orchestrator.samples")
 
 def build_sample(
     rollout_id: str,
-    token_ids: Sequence[int],
+    token_ids: Sequence[int] | np.ndarray,
     turns: Sequence[tuple[int, TurnOutput]],
     *,
     payload_dir: Path | None,
@@ -48,21 +48,21 @@ def build_sample(
     the caller warns and counts.
     """
     length = len(token_ids)
-    loss_mask = [0] * length
-    logprobs = [0.0] * length
+    loss_mask = np.zeros(length, dtype=np.bool_)
+    logprobs = np.zeros(length, dtype=np.float32)
     files: set[str] = set()
     poisoned: str | None = None
     for prompt_len, turn in turns:
         end = prompt_len + len(turn.completion_ids)
-        loss_mask[prompt_len:end] = [1] * len(turn.completion_ids)
+        loss_mask[prompt_len:end] = True
         logprobs[prompt_len:end] = turn.logprobs
         files |= turn.files
         poisoned = poisoned or turn.poisoned
     sample = Sample(
         rollout_id=rollout_id,
-        token_ids=tuple(token_ids),
-        loss_mask=tuple(loss_mask),
-        logprobs=tuple(logprobs),
+        token_ids=token_ids,
+        loss_mask=loss_mask,
+        logprobs=logprobs,
         payload_dir=str(payload_dir) if payload_dir is not None else None,
         files=frozenset(files),
         untrainable=f"poisoned: {poisoned}" if poisoned else None,
@@ -77,7 +77,7 @@ def build_sample(
         inline, dropped = _stitch_inline(outputs, length, fields, final_token_route)
         return attrs.evolve(sample, inline=inline), dropped
     except BadSegment as exc:
-        # Turns of one branch that disagree on dtype or row shape: not trainable.
+        # Turns of one branch that disagree on row shape: not trainable.
         return attrs.evolve(sample, untrainable=f"poisoned: {exc}"), False
 
 
@@ -98,9 +98,12 @@ def _stitch_segments(
         else:
             payload["routed_experts"] = tuple(routing)
     if "sampling_mask" in fields:
-        # A turn without a mask had no kept set for any token: its rows stay -1.
+        # A turn without a mask had no kept set for any token: its rows stay -1; a sample
+        # none of whose positions has a mask row carries no mask at all (as inline).
         masks = [t.segments["sampling_mask"] for t in turns if "sampling_mask" in t.segments]
-        payload["sampling_mask"] = tuple(stitch_masks(masks, length))
+        stitched = tuple(stitch_masks(masks, length))
+        if stitched:
+            payload["sampling_mask"] = stitched
     return payload, dropped
 
 
@@ -109,8 +112,8 @@ def _stitch_inline(
     length: int,
     fields: Sequence[str],
     final_token_route: FinalTokenRoute,
-) -> tuple[dict[str, dict[str, object]], bool]:
-    inline: dict[str, dict[str, object]] = {}
+) -> tuple[dict[str, np.ndarray], bool]:
+    inline: dict[str, np.ndarray] = {}
     dropped = False
     if "routed_experts" in fields:
         routing = stitch_inline_routing(
@@ -119,9 +122,10 @@ def _stitch_inline(
         if routing is None:
             dropped = True
         else:
-            inline["routed_experts"] = encode_inline(routing, 0)
+            inline["routed_experts"] = routing
     if "sampling_mask" in fields:
         masks = [t.inline["sampling_mask"] for t in turns if "sampling_mask" in t.inline]
         mask = stitch_inline_masks(masks, length)
-        inline["sampling_mask"] = encode_inline(mask, 0)
+        if mask.shape[1]:
+            inline["sampling_mask"] = mask
     return inline, dropped

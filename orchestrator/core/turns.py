@@ -7,7 +7,14 @@ from collections.abc import Mapping
 import attrs
 import numpy as np
 
+from orchestrator.core.arrays import ARRAY_EQ, arrays_equal, float_array, token_array
 from orchestrator.payload import PayloadSegment
+
+
+def _inline_equal(a: Mapping[str, tuple[np.ndarray, int]], b: object) -> bool:
+    if not isinstance(b, Mapping) or a.keys() != b.keys():
+        return False
+    return all(a[k][1] == b[k][1] and arrays_equal(a[k][0], b[k][0]) for k in a)
 
 
 @attrs.frozen
@@ -23,10 +30,12 @@ class TurnOutput:
     for any of its tokens.
     """
 
-    completion_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
+    completion_ids: np.ndarray = attrs.field(converter=token_array, eq=ARRAY_EQ, hash=False)
+    logprobs: np.ndarray = attrs.field(converter=float_array, eq=ARRAY_EQ, hash=False)
     finish_reason: str
     segments: Mapping[str, PayloadSegment] = attrs.field(factory=dict)
-    inline: Mapping[str, tuple[np.ndarray, int]] = attrs.field(factory=dict)
+    inline: Mapping[str, tuple[np.ndarray, int]] = attrs.field(
+        factory=dict, eq=attrs.cmp_using(eq=_inline_equal), hash=False
+    )
     files: frozenset[str] = frozenset()
     poisoned: str | None = None

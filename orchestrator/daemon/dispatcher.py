@@ -15,12 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
+import numpy as np
 import structlog
 import trio
 import trio.lowlevel
 from payload_gc import PayloadGCError, PayloadRootFiles
 
 from orchestrator.config import Config
+from orchestrator.core.arrays import TOKEN_DTYPE
 from orchestrator.core.environments import Environment, Prompt
 from orchestrator.core.rollouts import GroupResult, RolloutResult
 from orchestrator.core.samples import build_sample
@@ -43,7 +45,7 @@ class RolloutRun:
     rollout_id: str
     version: int
     payload_dir: Path | None
-    tokens: list[int]
+    tokens: np.ndarray  # int32: the prompt, then each turn's completion and env reply
     turns: list[tuple[int, TurnOutput]] = attrs.field(factory=list)
     failed: str | None = None
     server: str = ""  # the inference server its group is pinned to
@@ -210,7 +212,8 @@ class Dispatcher:
         config, state = self.config, self.state
         version = state.applied_version
         payload_dir = self._payload_dir(version) if self._writes_files else None
-        run = RolloutRun(rollout_id, version, payload_dir, list(prompt.token_ids), server=server)
+        tokens = np.asarray(prompt.token_ids, dtype=TOKEN_DTYPE)
+        run = RolloutRun(rollout_id, version, payload_dir, tokens, server=server)
         wants_routing = "routed_experts" in config.payload.fields
         # Delta replay: each turn asks for routing rows from where the previous turn's
         # rows ended (its last sampled token was never run forward), never for rows the
@@ -237,12 +240,13 @@ class Dispatcher:
                 run.failed = str(failure)
                 return run
             run.turns.append((len(run.tokens), turn))
-            run.tokens.extend(turn.completion_ids)
-            routing_start = len(run.tokens) - 1
-            reply = self.environment.reply(prompt, turn_index, turn.completion_ids)
+            reply = self.environment.reply(prompt, turn_index, turn.completion_ids.tolist())
+            run.tokens = np.concatenate(
+                [run.tokens, turn.completion_ids, np.asarray(reply or (), dtype=TOKEN_DTYPE)]
+            )
+            routing_start = len(run.tokens) - len(reply or ()) - 1
             if reply is None:
                 break
-            run.tokens.extend(reply)
         return run
 
     def _learn_routing_shape(self, turn: TurnOutput, server: str) -> None:
@@ -270,7 +274,9 @@ class Dispatcher:
             stopped = run.failed.startswith("stopped")
             state.rollouts["stopped" if stopped else "failed"] += 1
             return RolloutResult(run.rollout_id, run.version, files=files, failed=run.failed)
-        reward = self.environment.reward(prompt, [t.completion_ids for _, t in run.turns])
+        reward = self.environment.reward(
+            prompt, [turn.completion_ids.tolist() for _, turn in run.turns]
+        )
         try:
             sample, routing_dropped = build_sample(
                 run.rollout_id,
@@ -297,7 +303,7 @@ class Dispatcher:
         poisoned = sample.untrainable is not None and sample.untrainable.startswith("poisoned")
         if poisoned and not any(turn.poisoned for _, turn in run.turns):
             # Every turn's payload was good on its own, but they cannot be stitched into
-            # one sample (turns that disagree on dtype or row shape). A poisoned turn was
+            # one sample (turns that disagree on row shape). A poisoned turn was
             # recorded as "poisoned_payload" already.
             state.rejections.record(
                 "stitching", run.server, str(sample.untrainable), rollout=run.rollout_id

@@ -1,4 +1,4 @@
-"""The digest every segment carries: blake2b with a 16-byte (128-bit) digest, as hex."""
+"""The digest a segment may carry: blake2b with a 16-byte (128-bit) digest, as hex."""
 
 from __future__ import annotations
 

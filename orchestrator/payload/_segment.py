@@ -9,7 +9,7 @@ is optional: a server may send one, and then every read verifies it.
 
 Two optional extensions come from stitching (see ``_stitch.py``):
 
-* a **fill segment** has no bytes (``file == ""``, ``offset == 0``, ``digest == ""``):
+* a **fill segment** has no bytes (``file == ""``, ``offset == 0``, no ``digest``):
   every element is ``fill`` (``-1``, "let the trainer's router pick");
 * a **clipped segment** covers part of the bytes its parent segment was digested over.
   It keeps the parent's ``digest`` and names the parent's byte range in ``digest_offset``

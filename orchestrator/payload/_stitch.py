@@ -1,8 +1,9 @@
 """Stitch a sample's payload from its branch's turns (pure: no files are read).
 
 A branch has turns. Turn ``t``'s routing rows cover positions ``pos_t ..`` (``pos_t`` > 0
-when a prefix was served from cache) up to the second-to-last token it handled; its mask
-rows cover its completion tokens. A sample is the branch's first ``L`` tokens.
+when the turn asked only for the rows the earlier turns did not return) up to the
+second-to-last token it handled; its mask rows cover its completion tokens. A sample is
+the branch's first ``L`` tokens.
 
 **Routing.** Each position takes its row from the *first* turn that covers it (that
 forward pass sampled the token); the rows must cover positions ``0 .. L-2`` with no gap.

@@ -10,22 +10,23 @@ turn (docs/design.md §4).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
+from orchestrator.core.arrays import TOKEN_DTYPE
 from orchestrator.core.turns import TurnOutput
-from orchestrator.payload import BadSegment, PayloadSegment, RoutingShape, is_json_int
+from orchestrator.payload import BadSegment, PayloadSegment, RoutingShape
 from orchestrator.wire.arrays import (
     ROUTING_DTYPES,
     WireFormatError,
-    decode_mask_csr,
-    decode_mask_lists,
+    decode_mask,
     decode_npy,
     decode_packed,
+    decode_packed_routing,
 )
 from orchestrator.wire.segments import segment_from_wire
 
@@ -44,6 +45,9 @@ SAMPLING_KEYS = frozenset(
         "extra_args",
     }
 )
+
+
+_MAX_TOKEN_ID = int(np.iinfo(TOKEN_DTYPE).max)
 
 
 class InferenceFailure(Exception):
@@ -71,7 +75,7 @@ class InferenceFailure(Exception):
 def build_generate_request(
     *,
     request_id: str,
-    token_ids: Sequence[int],
+    token_ids: Sequence[int] | np.ndarray,
     max_tokens: int,
     seed: int,
     payload_dir: Path | None,
@@ -101,7 +105,7 @@ def build_generate_request(
     body: dict[str, Any] = {"request_id": request_id}
     if model:
         body["model"] = model
-    body["token_ids"] = list(token_ids)
+    body["token_ids"] = np.asarray(token_ids).tolist()
     body["sampling_params"] = sampling
     return body
 
@@ -110,44 +114,101 @@ def _malformed(detail: str) -> InferenceFailure:
     return InferenceFailure("malformed", detail)
 
 
-def _token_ids(value: object) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(type(v) is int and v >= 0 for v in value):
-        raise _malformed("token_ids must be a list of non-negative integers")
-    return tuple(value)
+class _Logprob(msgspec.Struct):
+    """One `logprobs.content` entry (upstream vLLM); its other keys are not needed."""
+
+    logprob: float
 
 
-def _logprobs(choice: Mapping[str, Any], tokens: int) -> tuple[float, ...]:
+class _Logprobs(msgspec.Struct):
+    content: list[_Logprob] | None = None
+
+
+class _Choice(msgspec.Struct):
+    """A reply's choice as the parser needs it: tokens, logprobs and finish reason typed
+    (a wrong one makes the reply malformed), the payload values kept as raw JSON text and
+    decoded on their own (a wrong one poisons the turn, and the megabytes of base64 in
+    inline routing are decoded once, into bytes, never into a Python string)."""
+
+    token_ids: list[int]
+    finish_reason: str
+    logprobs: _Logprobs | None = None
+    completion_logprobs: msgspec.Raw = msgspec.Raw()
+    routed_experts: msgspec.Raw = msgspec.Raw()
+    sampling_mask: msgspec.Raw = msgspec.Raw()
+    payload: msgspec.Raw = msgspec.Raw()
+    payload_error: msgspec.Raw = msgspec.Raw()
+
+
+class _Response(msgspec.Struct):
+    choices: list[msgspec.Raw]
+
+
+_RESPONSE = msgspec.json.Decoder(_Response)
+_CHOICE = msgspec.json.Decoder(_Choice)
+_NULL = msgspec.Raw(b"null")
+_EMPTY_LIST = msgspec.Raw(b"[]")
+
+
+def _given(raw: msgspec.Raw) -> bool:
+    """Whether a key was present with a value other than null."""
+    return len(raw) > 0 and raw != _NULL
+
+
+def _choice(body: bytes) -> _Choice:
+    """The first choice of a reply, typed; raises `InferenceFailure("malformed")` with
+    msgspec's one-line reason (which names the key: `$.choices[0].token_ids[3]`)."""
+    try:
+        response = _RESPONSE.decode(body)
+    except msgspec.DecodeError as exc:
+        raise _malformed(f"response is not JSON ({_one_line(exc)})") from None
+    except msgspec.ValidationError as exc:
+        raise _malformed(f"response has no choices ({_one_line(exc)})") from None
+    if not response.choices:
+        raise _malformed("response has no choices")
+    try:
+        return _CHOICE.decode(response.choices[0])
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _malformed(f"choices[0]: {_one_line(exc)}") from None
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+def _token_ids(value: list[int]) -> np.ndarray:
+    try:
+        ids = np.array(value, dtype=np.int64)
+    except OverflowError:
+        raise _malformed("token_ids holds an integer out of range") from None
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) > _MAX_TOKEN_ID):
+        raise _malformed(f"token_ids must be in 0..{_MAX_TOKEN_ID}")
+    return ids.astype(TOKEN_DTYPE)
+
+
+def _logprobs(choice: _Choice, tokens: int) -> np.ndarray:
     """The sampled tokens' logprobs: prime-rl's packed ``completion_logprobs``, else
     upstream's ``logprobs.content[i].logprob``."""
-    packed = choice.get("completion_logprobs")
-    if packed is not None:
+    if _given(choice.completion_logprobs):
         try:
-            values = decode_packed(packed, "completion_logprobs", dtypes=("float32",), ndim=1)
+            values = decode_packed(
+                choice.completion_logprobs, "completion_logprobs", dtypes=("float32",), ndim=1
+            )
         except WireFormatError as exc:
             raise _malformed(str(exc)) from None
-        if not np.isfinite(values).all():
-            raise _malformed("completion_logprobs holds a value that is not finite")
-        result: tuple[float, ...] = tuple(values.tolist())
+    elif choice.logprobs is not None and choice.logprobs.content is not None:
+        content = choice.logprobs.content
+        values = np.fromiter((entry.logprob for entry in content), np.float64, len(content))
     else:
-        logprobs = choice.get("logprobs")
-        content = logprobs.get("content") if isinstance(logprobs, dict) else None
-        if not isinstance(content, list):
-            raise _malformed(
-                "no logprobs: neither completion_logprobs nor logprobs.content "
-                "(does the request's sampling_params.logprobs reach the server?)"
-            )
-        result = tuple(_content_logprob(item) for item in content)
-    if len(result) != tokens:
-        raise _malformed(f"{len(result)} logprobs for {tokens} completion tokens")
-    return result
-
-
-def _content_logprob(item: object) -> float:
-    value = item.get("logprob") if isinstance(item, dict) else None
-    # JSON has no infinities; Python's parser would accept the literal -Infinity.
-    if not isinstance(value, int | float) or isinstance(value, bool) or not np.isfinite(value):
-        raise _malformed("logprobs.content[].logprob must be a finite number")
-    return float(value)
+        raise _malformed(
+            "no logprobs: neither completion_logprobs nor logprobs.content "
+            "(does the request's sampling_params.logprobs reach the server?)"
+        )
+    if not np.isfinite(values).all():
+        raise _malformed("a logprob is not a finite number")
+    if len(values) != tokens:
+        raise _malformed(f"{len(values)} logprobs for {tokens} completion tokens")
+    return values.astype(np.float32, copy=False)
 
 
 def parse_generate_response(
@@ -168,21 +229,9 @@ def parse_generate_response(
     never a crash. Routing that contradicts `routing_shape` (the model's, when known) is
     poisoned too.
     """
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise _malformed(f"response is not JSON ({exc.__class__.__name__})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list) or not doc["choices"]:
-        raise _malformed("response has no choices")
-    choice = doc["choices"][0]
-    if not isinstance(choice, dict):
-        raise _malformed("choice must be an object")
-    completion = _token_ids(choice.get("token_ids"))
-    logprobs = _logprobs(choice, len(completion))
-    finish_reason = choice.get("finish_reason")
-    if not isinstance(finish_reason, str):
-        raise _malformed("finish_reason must be a string")
-    turn = TurnOutput(completion, logprobs, finish_reason)
+    choice = _choice(body)
+    completion = _token_ids(choice.token_ids)
+    turn = TurnOutput(completion, _logprobs(choice, len(completion)), choice.finish_reason)
     if not fields:
         return turn
     rows = _Rows(prompt_len, len(completion), routing_start)
@@ -228,64 +277,43 @@ _NO_ROUTING = (
 
 def _inline_turn(
     turn: TurnOutput,
-    choice: Mapping[str, Any],
+    choice: _Choice,
     fields: Sequence[str],
     rows: _Rows,
     routing_shape: RoutingShape | None,
 ) -> TurnOutput:
     arrays: dict[str, tuple[np.ndarray, int]] = {}
+    if _given(choice.payload) and choice.payload != _EMPTY_LIST:
+        # Files nobody asked for: their names are not trusted, the collector removes them.
+        return _poisoned(turn, "the reply is by handle, but the request was inline")
     try:
         if "routed_experts" in fields:
-            value = choice.get("routed_experts")
-            if value is None:
-                by_handle = bool(choice.get("payload"))
-                return _poisoned(
-                    turn,
-                    "the reply is by handle, but the request was inline"
-                    if by_handle
-                    else _NO_ROUTING,
-                )
-            ids, pos = _inline_routing(value, rows)
+            if not _given(choice.routed_experts):
+                return _poisoned(turn, _NO_ROUTING)
+            ids, pos = _inline_routing(choice.routed_experts, rows)
             wrong = rows.routing_problem(pos, len(ids)) or _ids_problem(ids, routing_shape)
             if wrong is not None:
                 return _poisoned(turn, wrong)
             arrays["routed_experts"] = (ids, pos)
-        if "sampling_mask" in fields:
-            mask = _inline_mask(choice.get("sampling_mask"), rows.completion_len)
-            if mask is not None:
+        if "sampling_mask" in fields and _given(choice.sampling_mask):
+            mask = decode_mask(choice.sampling_mask, "sampling_mask", tokens=rows.completion_len)
+            # Zero wide: the server kept no set for any token (every position falls back
+            # to the full vocabulary), as when it sends null.
+            if mask.shape[1]:
                 arrays["sampling_mask"] = (mask, rows.prompt_len)
     except WireFormatError as exc:
         return _poisoned(turn, f"inline {exc}")
     return TurnOutput(turn.completion_ids, turn.logprobs, turn.finish_reason, inline=arrays)
 
 
-def _inline_routing(value: object, rows: _Rows) -> tuple[np.ndarray, int]:
+def _inline_routing(value: msgspec.Raw, rows: _Rows) -> tuple[np.ndarray, int]:
     """Routing ids and the position of their first row, from prime-rl's packed form (its
     ``start`` says where the rows begin) or upstream vLLM's ``.npy`` (the rows end at the
     last token run forward, so their count says where they begin)."""
-    if isinstance(value, str):
+    if memoryview(value)[:1] == b'"':
         ids = decode_npy(value, "routed_experts", dtypes=ROUTING_DTYPES, ndim=3)
         return ids, rows.routing_end - len(ids)
-    ids = decode_packed(
-        value, "routed_experts", dtypes=ROUTING_DTYPES, ndim=3, extra_keys=("start",)
-    )
-    assert isinstance(value, dict)  # decode_packed checked it
-    start = value["start"]
-    if not is_json_int(start) or start < 0:
-        raise WireFormatError("routed_experts.start must be a non-negative integer")
-    return ids, start
-
-
-def _inline_mask(value: object, tokens: int) -> np.ndarray | None:
-    """The turn's mask, ``int32 [tokens, widest]``; None when the server kept no set for
-    any token (it then sends null: every position falls back to the full vocabulary)."""
-    if value is None:
-        return None
-    if isinstance(value, list):
-        mask = decode_mask_lists(value, "sampling_mask", tokens=tokens)
-    else:
-        mask = decode_mask_csr(value, "sampling_mask", tokens=tokens)
-    return mask if mask.shape[1] else None
+    return decode_packed_routing(value, "routed_experts", dtypes=ROUTING_DTYPES, ndim=3)
 
 
 def _ids_problem(ids: np.ndarray, routing_shape: RoutingShape | None) -> str | None:
@@ -298,7 +326,7 @@ def _ids_problem(ids: np.ndarray, routing_shape: RoutingShape | None) -> str | N
 
 def _by_handle_turn(
     turn: TurnOutput,
-    choice: Mapping[str, Any],
+    choice: _Choice,
     fields: Sequence[str],
     rows: _Rows,
     payload_dir: Path,
@@ -306,15 +334,19 @@ def _by_handle_turn(
 ) -> TurnOutput:
     """The turn with its segments, the files they name (the only files the daemon ever
     deletes on a server's word), and what is wrong with them."""
-    raw = choice.get("payload")
+    raw: object = None
+    if _given(choice.payload):
+        raw = msgspec.json.decode(choice.payload)
     segments: dict[str, PayloadSegment] = {}
     files: set[str] = set()
     problem: str | None = None
-    error = choice.get("payload_error")
-    if error is not None:
+    if _given(choice.payload_error):
+        error = msgspec.json.decode(choice.payload_error)
         problem = f"payload_error: {str(error)[:200]}"
+    if raw is not None and not isinstance(raw, list):
+        problem = problem or "payload must be a list of segments"
     if not isinstance(raw, list):
-        inline = any(choice.get(field) is not None for field in ("routed_experts", "sampling_mask"))
+        inline = _given(choice.routed_experts) or _given(choice.sampling_mask)
         if problem is None and inline:
             problem = (
                 "the server answered inline, not by handle: it ignores "

@@ -27,7 +27,6 @@ from orchestrator.payload import (
     PayloadCorrupt,
     PayloadMissing,
     RoutingShape,
-    decode_inline,
     read_sample_payload,
     read_segment,
 )
@@ -164,9 +163,18 @@ def test_captured_upstream_vllm_reply() -> None:
     doc = golden("vllm_upstream_inline.json")
     assert doc["request"]["token_ids"] == CAPTURED_PROMPT
     turn = trusted(parse(doc, routing_shape=QWEN3_30B))
-    assert turn.completion_ids == (2,)
+    assert turn.completion_ids.tolist() == [
+        2,
+    ]
     assert turn.finish_reason == "stop"
-    assert turn.logprobs == (-0.8429284691810608,)
+    assert (
+        turn.logprobs.tolist()
+        == np.float32(
+            [
+                -0.8429284691810608,
+            ]
+        ).tolist()
+    )
     routing, pos = turn.inline["routed_experts"]
     # A .npy over the whole sequence: 40 rows ending at the last token run forward.
     assert pos == 0 and routing.shape == (40, 48, 8) and routing.dtype == np.uint8
@@ -187,11 +195,11 @@ def test_captured_upstream_vllm_reply() -> None:
     )
     assert not dropped and sample.untrainable is None
     assert sample.inline is not None
-    stitched, _ = decode_inline(sample.inline["routed_experts"], field="routed_experts")
+    stitched = sample.inline["routed_experts"]
     np.testing.assert_array_equal(stitched[:40], routing)
     np.testing.assert_array_equal(stitched[40], routing[39])
-    mask, _ = decode_inline(sample.inline["sampling_mask"], field="sampling_mask")
-    assert mask.shape == (41, 0)
+    # No turn had a kept set: the sample carries no mask (as by handle).
+    assert "sampling_mask" not in sample.inline
 
 
 def test_captured_upstream_reply_to_a_by_handle_request_is_poisoned(tmp_path: Path) -> None:
@@ -209,9 +217,18 @@ def test_captured_primerl_inline_reply() -> None:
     doc = golden("primerl_inline.json")
     assert doc["request"]["sampling_params"]["routed_experts_prompt_start"] == 16
     turn = trusted(parse(doc, routing_shape=QWEN3_30B))
-    assert turn.completion_ids == (2,)
+    assert turn.completion_ids.tolist() == [
+        2,
+    ]
     # completion_logprobs are float32: the value is the float32 nearest -0.521658.
-    assert turn.logprobs == (-0.5216580033302307,)
+    assert (
+        turn.logprobs.tolist()
+        == np.float32(
+            [
+                -0.5216580033302307,
+            ]
+        ).tolist()
+    )
     assert turn.logprobs[0] == float(np.float32(-0.521658))
     routing, pos = turn.inline["routed_experts"]
     assert pos == 16 and routing.shape == (24, 48, 8) and routing.dtype == np.uint8
@@ -292,7 +309,7 @@ def read_both(
     """Read the turn's one-turn sample in `window` with the daemon's reader and with the
     independent one, and compare them bitwise."""
     prompt = doc["request"]["token_ids"]
-    tokens = prompt + list(turn.completion_ids)
+    tokens = prompt + turn.completion_ids.tolist()
     sample, dropped = build_sample(
         "r",
         tokens,
@@ -325,8 +342,10 @@ def test_captured_primerl_by_handle_reply(tmp_path: Path) -> None:
     root = tmp_path / "payloads"
     doc, payload_dir = mapped("primerl_by_handle.json", root)
     turn = trusted(parse(doc, payload_dir=payload_dir, routing_shape=QWEN3_30B))
-    assert turn.completion_ids == (2,)
-    assert turn.logprobs == (float(np.float32(-0.8429284691810608)),)
+    assert turn.completion_ids.tolist() == [
+        2,
+    ]
+    assert turn.logprobs.tolist() == [float(np.float32(-0.8429284691810608))]
     name = "449c7816a3ec4d3eb1c51e7206126925.bin"
     assert turn.files == frozenset({f"{payload_dir}/{name}"})
     routing, mask = turn.segments["routed_experts"], turn.segments["sampling_mask"]
@@ -373,8 +392,8 @@ def test_by_handle_reply_with_digests(tmp_path: Path) -> None:
     root = tmp_path / "payloads"
     doc, payload_dir = mapped("primerl_by_handle_digest.json", root)
     turn = trusted(parse(doc, payload_dir=payload_dir, routing_shape=RoutingShape(2, 2, 16)))
-    assert turn.completion_ids == (41, 42, 43)
-    assert turn.logprobs == (-0.375, -1.75, -0.03125)
+    assert turn.completion_ids.tolist() == [41, 42, 43]
+    assert turn.logprobs.tolist() == np.float32([-0.375, -1.75, -0.03125]).tolist()
     assert turn.finish_reason == "stop"
     name = "5f0c2a9e7b3d4e1f8a6b9c0d1e2f3a4b.bin"
     raw = (payload_dir / name).read_bytes()
@@ -425,8 +444,8 @@ def test_upstream_reply_with_generate_logprobs_and_list_masks() -> None:
     entry = choice_of(doc)["logprobs"]["content"][0]
     assert set(entry) == {"token_id", "logprob", "rank", "top_logprobs"}
     turn = trusted(parse(doc, routing_shape=RoutingShape(2, 2, 16)))
-    assert turn.completion_ids == (11, 12, 13, 14)
-    assert turn.logprobs == (-0.125, -2.5, -0.0625, -9999.0)
+    assert turn.completion_ids.tolist() == [11, 12, 13, 14]
+    assert turn.logprobs.tolist() == np.float32([-0.125, -2.5, -0.0625, -9999.0]).tolist()
     assert turn.finish_reason == "length"
     routing, pos = turn.inline["routed_experts"]
     assert pos == 0 and routing.dtype == np.uint8
@@ -444,17 +463,17 @@ def test_upstream_reply_with_generate_logprobs_and_list_masks() -> None:
         final_token_route="repeat",
     )
     assert sample.inline is not None
-    stitched, _ = decode_inline(sample.inline["sampling_mask"], field="sampling_mask")
+    stitched = sample.inline["sampling_mask"]
     assert stitched.tolist() == [[-1, -1, -1]] * 8 + mask.tolist()
-    assert sample.logprobs[8:] == (-0.125, -2.5, -0.0625, -9999.0)
+    assert sample.logprobs[8:].tolist() == np.float32([-0.125, -2.5, -0.0625, -9999.0]).tolist()
 
 
 def test_primerl_reply_with_a_bare_base64_csr_mask() -> None:
     doc = golden("primerl_inline_bare_csr.json")
     assert all(isinstance(v, str) for v in choice_of(doc)["sampling_mask"].values())
     turn = trusted(parse(doc, routing_shape=RoutingShape(2, 2, 16)))
-    assert turn.completion_ids == (21, 22, 23)
-    assert turn.logprobs == (-0.5, -9999.0, -1.25)
+    assert turn.completion_ids.tolist() == [21, 22, 23]
+    assert turn.logprobs.tolist() == np.float32([-0.5, -9999.0, -1.25]).tolist()
     routing, pos = turn.inline["routed_experts"]
     assert pos == 4
     np.testing.assert_array_equal(routing, experts(4, 10, 16))
@@ -478,7 +497,7 @@ def test_two_turns_uint8_then_uint16_stitch_to_the_wider_dtype(
     # Turn 2's request is turn 1's tokens + completion + the environment's reply, asking
     # for routing from where turn 1's rows ended.
     tokens_1 = first["request"]["token_ids"]
-    assert second["request"]["token_ids"] == tokens_1 + list(t1.completion_ids) + env
+    assert second["request"]["token_ids"] == tokens_1 + t1.completion_ids.tolist() + env
     start_2 = second["request"]["sampling_params"]["routed_experts_prompt_start"]
     assert start_2 == len(tokens_1) + len(t1.completion_ids) - 1 == 10
 
@@ -492,7 +511,7 @@ def test_two_turns_uint8_then_uint16_stitch_to_the_wider_dtype(
     assert int(r2.max()) > 255  # the reason for uint16
     assert t1.inline.keys() == t2.inline.keys() == {"routed_experts"}  # masks null
 
-    tokens = second["request"]["token_ids"] + list(t2.completion_ids)
+    tokens = second["request"]["token_ids"] + t2.completion_ids.tolist()
     sample, dropped = build_sample(
         "r",
         tokens,
@@ -502,9 +521,7 @@ def test_two_turns_uint8_then_uint16_stitch_to_the_wider_dtype(
         final_token_route=route,
     )
     assert not dropped and sample.untrainable is None and sample.inline is not None
-    stitched, pos = decode_inline(
-        sample.inline["routed_experts"], field="routed_experts", allow_sentinel=True
-    )
+    stitched, pos = sample.inline["routed_experts"], 0
     assert pos == 0 and stitched.dtype == dtype and stitched.shape == (16, 2, 2)
     # Both turns' ids, turn 1's promoted losslessly.
     np.testing.assert_array_equal(stitched[:10], expected_1)
@@ -513,8 +530,7 @@ def test_two_turns_uint8_then_uint16_stitch_to_the_wider_dtype(
         np.testing.assert_array_equal(stitched[15], expected_2[-1])
     else:
         assert (stitched[15] == -1).all()
-    mask, _ = decode_inline(sample.inline["sampling_mask"], field="sampling_mask")
-    assert mask.shape == (16, 0)
-    assert sample.loss_mask == (0,) * 8 + (1,) * 3 + (0,) * 2 + (1,) * 3
-    assert sample.logprobs[8:11] == (-0.25, -0.5, -0.75)
-    assert sample.logprobs[13:] == (-1.0, -1.5, -2.0)
+    assert "sampling_mask" not in sample.inline
+    assert sample.loss_mask.tolist() == [False] * 8 + [True] * 3 + [False] * 2 + [True] * 3
+    assert sample.logprobs[8:11].tolist() == np.float32([-0.25, -0.5, -0.75]).tolist()
+    assert sample.logprobs[13:].tolist() == np.float32([-1.0, -1.5, -2.0]).tolist()

@@ -165,7 +165,7 @@ def poisoned(turn: TurnOutput, *words: str) -> str:
     for word in words:
         assert word in turn.poisoned, turn.poisoned
     # A poisoned turn keeps its tokens: the episode goes on, the rollout is not trained on.
-    assert turn.completion_ids == tuple(COMPLETION)
+    assert turn.completion_ids.tolist() == list(COMPLETION)
     return turn.poisoned
 
 
@@ -273,8 +273,8 @@ def test_the_model_is_sent_only_when_named() -> None:
 
 def test_a_primerl_packed_reply_decodes_to_its_values() -> None:
     turn = trusted(parse(reply(primerl_choice())))
-    assert turn.completion_ids == tuple(COMPLETION)
-    assert turn.logprobs == tuple(LOGPROBS)
+    assert turn.completion_ids.tolist() == list(COMPLETION)
+    assert turn.logprobs.tolist() == np.float32(LOGPROBS).tolist()
     assert turn.finish_reason == "length"
     routing, pos = routing_of(turn)
     assert pos == 0 and routing.dtype == np.uint8
@@ -313,16 +313,16 @@ def test_a_missing_logprob_is_accepted_in_both_forms() -> None:
     values = [-0.5, -9999.0, -1.125, -9999.0]
     packed_lp = packed(np.array(values, dtype=np.float32))
     turn = trusted(parse(reply(primerl_choice(completion_logprobs=packed_lp))))
-    assert turn.logprobs == tuple(values)
+    assert turn.logprobs.tolist() == np.float32(values).tolist()
     for form in ("chat", "generate"):
         turn = trusted(parse(reply(upstream_choice(form=form, logprobs=content(values)))))
-        assert turn.logprobs == tuple(values)
+        assert turn.logprobs.tolist() == np.float32(values).tolist()
 
 
 def test_completion_logprobs_win_over_a_null_logprobs() -> None:
     # prime-rl sends logprobs null beside completion_logprobs: the packed ones are read.
     choice = primerl_choice(logprobs=content([-7.0] * 4))
-    assert trusted(parse(reply(choice))).logprobs == tuple(LOGPROBS)
+    assert trusted(parse(reply(choice))).logprobs.tolist() == np.float32(LOGPROBS).tolist()
 
 
 # --- upstream vLLM's replies ----------------------------------------------------------
@@ -331,8 +331,8 @@ def test_completion_logprobs_win_over_a_null_logprobs() -> None:
 @pytest.mark.parametrize("form", ["chat", "generate"])
 def test_an_upstream_reply_decodes_to_its_values(form: str) -> None:
     turn = trusted(parse(reply(upstream_choice(form=form)), fields=("routed_experts",)))
-    assert turn.completion_ids == tuple(COMPLETION)
-    assert turn.logprobs == tuple(LOGPROBS)
+    assert turn.completion_ids.tolist() == list(COMPLETION)
+    assert turn.logprobs.tolist() == np.float32(LOGPROBS).tolist()
     routing, pos = routing_of(turn)
     assert pos == 0
     np.testing.assert_array_equal(routing, ids(ROUTING_END))
@@ -342,7 +342,7 @@ def test_an_upstream_reply_decodes_to_its_values(form: str) -> None:
 def test_upstream_logprobs_keep_their_double_precision() -> None:
     values = [-0.8429284691810608, -1e-9, -0.1, -2.5]
     turn = trusted(parse(reply(upstream_choice(logprobs=content(values)))))
-    assert turn.logprobs == tuple(values)
+    assert turn.logprobs.tolist() == np.float32(values).tolist()
 
 
 def test_upstream_routing_rows_end_at_the_last_token_run_forward() -> None:
@@ -385,7 +385,7 @@ def test_only_the_fields_the_run_trains_with_are_kept() -> None:
     # No field: the payload is not even looked at.
     garbage = primerl_choice(routed_experts="junk", sampling_mask=7, payload="x")
     turn = trusted(parse(reply(garbage), fields=()))
-    assert turn.inline == {} and turn.logprobs == tuple(LOGPROBS)
+    assert turn.inline == {} and turn.logprobs.tolist() == np.float32(LOGPROBS).tolist()
 
 
 # --- routing spans --------------------------------------------------------------------
@@ -472,6 +472,8 @@ def test_an_inline_request_answered_by_handle_poisons_the_turn(tmp_path: Path) -
     payload_dir = tmp_path / "v0"
     choice = by_handle_choice(payload_dir)
     poisoned(parse(reply(choice)), "by handle", "inline")
+    # Also when the run trains with masks only: files nobody asked for are not trusted.
+    poisoned(parse(reply(choice), fields=("sampling_mask",)), "by handle", "inline")
 
 
 # --- by-handle replies ----------------------------------------------------------------
@@ -527,7 +529,10 @@ def only_file(payload_dir: Path) -> str:
 def test_a_good_by_handle_turn_is_trusted(tmp_path: Path, digest: bool) -> None:
     payload_dir = tmp_path / "v0"
     turn = trusted(parse(reply(by_handle_choice(payload_dir, digest=digest)), payload_dir))
-    assert turn.completion_ids == tuple(COMPLETION) and turn.logprobs == tuple(LOGPROBS)
+    assert (
+        turn.completion_ids.tolist() == list(COMPLETION)
+        and turn.logprobs.tolist() == np.float32(LOGPROBS).tolist()
+    )
     name = only_file(payload_dir)
     routing_nbytes = ROUTING_END * LAYERS * TOP_K
     assert turn.segments["routed_experts"] == PayloadSegment(
@@ -685,7 +690,10 @@ def test_two_segments_for_one_field_poison_the_turn(tmp_path: Path) -> None:
 @pytest.mark.parametrize("payload", ["x", {"field": "routed_experts"}, 7])
 def test_a_payload_that_is_not_a_list_poisons_the_turn(tmp_path: Path, payload: object) -> None:
     choice = by_handle_choice(tmp_path / "v0", payload=payload)
-    poisoned(parse(reply(choice), tmp_path / "v0"), "enable_return_routed_experts")
+    poisoned(parse(reply(choice), tmp_path / "v0"), "payload must be a list")
+    # Also when the run trains with masks only (a missing mask would be no mask at all).
+    turn = parse(reply(choice), tmp_path / "v0", fields=("sampling_mask",))
+    poisoned(turn, "payload must be a list")
 
 
 def test_a_segment_that_is_not_an_object_poisons_the_turn(tmp_path: Path) -> None:

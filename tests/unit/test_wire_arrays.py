@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -20,6 +22,7 @@ from orchestrator.wire.arrays import (
     decode_mask_lists,
     decode_npy,
     decode_packed,
+    decode_packed_routing,
     encode_mask_csr,
     encode_mask_lists,
     encode_npy,
@@ -109,19 +112,35 @@ def test_packed_decodes_independently_built_little_endian_bytes() -> None:
     assert encode_packed(big)["data"] == b64(raw)
 
 
-def test_packed_extra_keys_are_required_when_named() -> None:
+def test_packed_routing_has_its_start_and_packed_arrays_have_none() -> None:
     array = np.arange(8, dtype=np.uint8).reshape(2, 2, 2)
     obj = encode_packed(array, start=7)
     assert obj["start"] == 7
-    got = decode_packed(obj, "routed_experts", dtypes=ROUTING, ndim=3, extra_keys=("start",))
+    got, start = decode_packed_routing(obj, "routed_experts", dtypes=ROUTING, ndim=3)
     np.testing.assert_array_equal(got, array)
-    raises(lambda: decode_packed(obj, "routed_experts", dtypes=ROUTING), "keys")
+    assert start == 7
+    raises(lambda: decode_packed(obj, "routed_experts", dtypes=ROUTING), "unknown field `start`")
     plain = encode_packed(array)
     raises(
-        lambda: decode_packed(plain, "routed_experts", dtypes=ROUTING, extra_keys=("start",)),
+        lambda: decode_packed_routing(plain, "routed_experts", dtypes=ROUTING, ndim=3),
         "routed_experts",
-        "keys",
+        "missing required field `start`",
     )
+    negative = encode_packed(array, start=-1)
+    raises(
+        lambda: decode_packed_routing(negative, "routed_experts", dtypes=ROUTING, ndim=3), "start"
+    )
+
+
+def test_raw_json_text_decodes_like_the_object() -> None:
+    # The reply parser hands the decoders raw JSON (msgspec.Raw), never Python strings.
+    array = np.arange(24, dtype=np.uint16).reshape(2, 3, 4)
+    obj = encode_packed(array, start=3)
+    raw = msgspec.Raw(json.dumps(obj).encode())
+    got, start = decode_packed_routing(raw, "routed_experts", dtypes=ROUTING, ndim=3)
+    np.testing.assert_array_equal(got, array)
+    assert start == 3
+    raises(lambda: decode_packed(msgspec.Raw(b"{"), "x", dtypes=ROUTING), "x")
 
 
 GOOD_PACKED: dict[str, Any] = {"data": b64(bytes(range(8))), "shape": [2, 2, 2], "dtype": "uint8"}
@@ -140,8 +159,8 @@ GOOD_PACKED: dict[str, Any] = {"data": b64(bytes(range(8))), "shape": [2, 2, 2],
         ({"shape": [3, 2, 2]}, ("8 data bytes", "12")),
         ({"data": "not base64!"}, ("base64",)),
         ({"data": b64(bytes(range(8)))[:-1]}, ("base64",)),  # bad padding
-        ({"data": 12}, ("base64",)),
-        ({"extra": 1}, ("keys",)),
+        ({"data": 12}, ("bytes",)),
+        ({"extra": 1}, ("unknown field `extra`",)),
     ],
 )
 def test_malformed_packed_objects_are_refused(change: dict[str, Any], words: tuple[str]) -> None:
@@ -153,7 +172,7 @@ def test_a_packed_object_must_be_an_object_with_all_keys() -> None:
     raises(lambda: decode_packed("AAAA", "x", dtypes=ROUTING), "object")
     raises(lambda: decode_packed(None, "x", dtypes=ROUTING), "object")
     partial = {k: v for k, v in GOOD_PACKED.items() if k != "shape"}
-    raises(lambda: decode_packed(partial, "x", dtypes=ROUTING), "keys")
+    raises(lambda: decode_packed(partial, "x", dtypes=ROUTING), "missing required field `shape`")
 
 
 # --- npy ------------------------------------------------------------------------------
@@ -254,9 +273,9 @@ def test_npy_header_errors_are_one_line() -> None:
 
 
 def test_npy_must_be_a_base64_string() -> None:
-    raises(lambda: decode_npy(b"x", "r", dtypes=ROUTING, ndim=3), "base64")
     raises(lambda: decode_npy("@@@", "r", dtypes=ROUTING, ndim=3), "base64")
-    raises(lambda: decode_npy({"data": ""}, "r", dtypes=ROUTING, ndim=3), "base64")
+    raises(lambda: decode_npy({"data": ""}, "r", dtypes=ROUTING, ndim=3), "bytes")
+    raises(lambda: decode_npy(msgspec.Raw(b"12"), "r", dtypes=ROUTING, ndim=3), "bytes")
 
 
 # --- CSR masks ------------------------------------------------------------------------
