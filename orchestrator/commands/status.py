@@ -2,16 +2,17 @@
 
 Shows whether a daemon holds the run's lock, the last shipped step, the applied and
 published versions, the last collection bound, the in-flight and queued counts of the
-last saved progress, and the payload root's entries: files and bytes of each `v<k>`, and
-whether the daemon's next collection removes it. Reads files only, so it works the same
-whether the daemon runs or not.
+last saved progress, the figures of the daemon's last `progress` line (rollouts per
+second, recent discards and failures), and the payload root's entries: files and bytes
+of each `v<k>`, and whether the daemon's next collection removes it. Reads files only,
+so it works the same whether the daemon runs or not.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -246,6 +247,11 @@ def _progress_json(progress: Progress, now: float) -> dict[str, Any]:
         "recent_discards": dict(progress.recent_discards),
         "recent_failures": dict(progress.recent_failures),
         "top_error": None if progress.top_error is None else progress.top_error.to_json(),
+        # What a batch takes (0: not recorded), and the daemon's last `progress` line:
+        # its discards and failures count over its `interval_s` (None: no line yet).
+        "needed_samples": progress.needed_samples,
+        "last_report": None if progress.last_report is None else progress.last_report.to_json(),
+        "last_report_at": progress.last_report_at,
     }
 
 
@@ -380,7 +386,10 @@ def _progress_facts(progress: Progress, now: float) -> list[tuple[str, str]]:
 
     as_of = format_as_of(progress.updated_at, now)
     # The daemon saves every reason, most of them 0 for most of a run: show the others.
-    discards = ", ".join(f"{reason} {n}" for reason, n in sorted(progress.discards.items()) if n)
+    discards = _counts_text(progress.discards)
+    queued = f"{progress.queued_samples} queued samples"
+    if progress.needed_samples:
+        queued = f"{progress.queued_samples} of {progress.needed_samples} queued samples"
     return [
         ("applied", format_version(progress.applied_version)),
         (
@@ -389,17 +398,41 @@ def _progress_facts(progress: Progress, now: float) -> list[tuple[str, str]]:
         ),
         (
             "in flight",
-            f"{progress.inflight_rollouts} rollouts, {progress.queued_samples} queued samples"
-            f" (as of {as_of})",
+            f"{progress.inflight_rollouts} rollouts, {queued} (as of {as_of})",
         ),
         ("discards", discards or "none"),
         *_failure_facts(progress),
+        *_report_facts(progress, now),
     ]
+
+
+def _counts_text(counts: Mapping[str, int]) -> str:
+    """`stale 2, untrainable 7`: the non-zero counts, by name."""
+    return ", ".join(f"{name} {n}" for name, n in sorted(counts.items()) if n)
+
+
+def _report_facts(progress: Progress, now: float) -> list[tuple[str, str]]:
+    """The daemon's last `progress` line: `step 3, 5 of 16 samples ready, 8 rollouts in
+    flight, 12.4 rollouts/s; discards untrainable 372; no failures (over the 30 s to
+    <time>, 4 s ago)`. Nothing before the first line (or from older progress files)."""
+    from orchestrator.commands.inspect import format_as_of
+
+    line = progress.last_report
+    if line is None:
+        return []
+    parts = [
+        f"step {line.step}, {line.queued_samples} of {line.needed_samples} samples ready, "
+        f"{line.inflight_rollouts} rollouts in flight, {line.rollouts_per_s:g} rollouts/s",
+        f"discards {_counts_text(line.discards)}" if any(line.discards.values()) else "no discards",
+        f"failures {_counts_text(line.failures)}" if any(line.failures.values()) else "no failures",
+    ]
+    when = format_as_of(progress.last_report_at or 0.0, now)
+    return [("progress line", f"{'; '.join(parts)} (over the {line.interval_s:g} s to {when})")]
 
 
 def _failure_facts(progress: Progress) -> list[tuple[str, str]]:
     # Shown only when the daemon saved them (older progress files have none).
-    failures = ", ".join(f"{kind} {n}" for kind, n in sorted(progress.failures.items()) if n)
+    failures = _counts_text(progress.failures)
     return [("failures", failures)] if failures else []
 
 

@@ -227,11 +227,15 @@ class MetricsConfig:
 
 @attrs.frozen
 class ProgressConfig:
-    """Telling the operator when nothing ships."""
+    """Telling the operator how a batch fills, and when nothing ships."""
 
     # No batch shipped for this long (since the start or the last batch): warn, again
     # every as long while it lasts, with what is holding the batch up. 0 turns it off.
     stall_warning_s: float = attrs.field(default=60.0, validator=at_least(0))
+    # Every this many seconds while the daemon runs, log a `progress` line at info level:
+    # the batch being filled, its samples ready and needed, rollouts in flight and per
+    # second, discards and failures since the previous line. 0 turns it off.
+    report_interval_s: float = attrs.field(default=30.0, validator=at_least(0))
 
 
 @attrs.frozen

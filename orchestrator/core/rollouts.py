@@ -172,8 +172,7 @@ class TrainSample:
                 raise ValueError(f"unknown inline field {field!r}")
             if array.ndim < 2 or array.shape[0] != length:
                 raise ValueError(
-                    f"inline {field} has shape {list(array.shape)}, the sample needs "
-                    f"{length} rows"
+                    f"inline {field} has shape {list(array.shape)}, the sample needs {length} rows"
                 )
 
     @property

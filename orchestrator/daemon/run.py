@@ -39,6 +39,7 @@ from orchestrator.daemon.metrics import (
 )
 from orchestrator.daemon.payload_disk import delete_files, measure_tree
 from orchestrator.daemon.policy import PolicyWatcher
+from orchestrator.daemon.progress_report import ProgressReporter, Tally, serve_progress_report
 from orchestrator.daemon.run_state import RunState
 from orchestrator.daemon.server_pool import ProbeSettings, ServerPool, serve_health_prober
 from orchestrator.daemon.stall import Figures, StallWatch, serve_stall_watch
@@ -83,6 +84,14 @@ class Daemon:
         init=False,
         default=attrs.Factory(
             lambda self: StallWatch(self.config.progress.stall_warning_s, trio.current_time()),
+            takes_self=True,
+        ),
+    )
+    # The `progress` line (see orchestrator/daemon/progress_report.py).
+    reporter: ProgressReporter = attrs.field(
+        init=False,
+        default=attrs.Factory(
+            lambda self: ProgressReporter(self.config.progress.report_interval_s),
             takes_self=True,
         ),
     )
@@ -179,6 +188,7 @@ class Daemon:
             updated_at=time.time(),
             pid=os.getpid(),
             **self._shipping_progress(),
+            **self._report_progress(),
         )
         await trio.to_thread.run_sync(
             save_progress, self.config.state_dir, progress, limiter=self.file_limiter
@@ -198,7 +208,16 @@ class Daemon:
             "top_error": recent.top_error,
         }
 
-    # -- the stall watch -----------------------------------------------------------------
+    def _report_progress(self) -> dict[str, Any]:
+        """The progress line's part of `progress.json` (a wall-clock time)."""
+        reporter, at = self.reporter, self.reporter.last_at
+        return {
+            "needed_samples": self.config.batch.size,
+            "last_report": reporter.last,
+            "last_report_at": None if at is None else time.time() - (trio.current_time() - at),
+        }
+
+    # -- the stall watch and the progress line -------------------------------------------
 
     def figures(self) -> Figures:
         """What the stall watch reads of the run now."""
@@ -222,6 +241,20 @@ class Daemon:
         each warning, so `orchestrator status` shows the same."""
         await serve_stall_watch(
             self.stall, self.figures, self.save_progress, task_status=task_status
+        )
+
+    def tally(self) -> Tally:
+        """What the progress line reads of the run now."""
+        state = self.state
+        return Tally(self.figures(), state.inflight_rollouts, state.rollouts["completed"])
+
+    async def serve_progress_report(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Log `progress` every `[progress] report_interval_s`; save progress with each
+        line, so `orchestrator status` shows the same."""
+        await serve_progress_report(
+            self.reporter, self.tally, self.save_progress, task_status=task_status
         )
 
     async def _delete(self, files: Sequence[str], path: str) -> None:
@@ -419,6 +452,7 @@ async def run_daemon(
             await nursery.start(daemon.serve_shipper)
             await nursery.start(dispatcher.serve)
             await nursery.start(daemon.serve_stall_watch)
+            await nursery.start(daemon.serve_progress_report)
             if start.resumed and start.resume_step > 0:
                 # The start-up collection (docs/design.md §7) runs like any policy update's, beside
                 # the rollouts of the applied version: over a root of a million files it

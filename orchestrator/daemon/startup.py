@@ -13,12 +13,14 @@ from payload_gc import PayloadGCError, wipe_root_async
 
 from orchestrator.errors import UserError
 from orchestrator.handoff import (
+    LEGACY_BATCH_FILE,
     StepLayout,
     load_progress,
     published_versions,
     remove_partial_batches,
     shipped_steps,
 )
+from orchestrator.handoff.step_dirs import complete_steps
 
 log = structlog.get_logger("orchestrator.startup")
 
@@ -35,11 +37,20 @@ def find_start_point(batches_dir: Path, state_dir: Path) -> StartPoint:
     """Fresh when no batch was shipped and no progress was saved; otherwise resume after the
     last complete batch directory (the source of truth for "shipped"). Blocking.
 
-    Leftover temp directories of a batch cut short by a crash are removed first.
+    Leftover temp directories of a batch cut short by a crash are removed first. Raises
+    UserError when `batches_dir` holds batches of the old JSON format 1, which this
+    version neither writes nor reads (it cannot resume such a run).
     """
     removed = remove_partial_batches(batches_dir) if batches_dir.exists() else 0
     if removed:
         log.warning("removed partial batches", count=removed, batches_dir=str(batches_dir))
+    legacy = complete_steps(batches_dir, LEGACY_BATCH_FILE)
+    if legacy:
+        raise UserError(
+            f"{batches_dir} holds batches of the old JSON format 1 (step {legacy[-1]}: "
+            f"{LEGACY_BATCH_FILE}); this version ships format 2 (batch.bin) and cannot "
+            "resume that run: start a new run directory"
+        )
     steps = shipped_steps(batches_dir) if batches_dir.exists() else []
     progress = load_progress(state_dir)
     if not steps and progress is None:

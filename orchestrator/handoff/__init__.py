@@ -1,22 +1,28 @@
 """The trainer hand-off: batches shipped as files, published weights, the daemon's progress.
 
-docs/design.md §5. The orchestrator ships batch `s` as `<batches_dir>/step_NNNNNN/batch.json`,
-published atomically and never rewritten (`store`, in the format of `format`); the
+docs/design.md §5. The orchestrator ships batch `s` as `<batches_dir>/step_NNNNNN/batch.bin`,
+published atomically and never rewritten (`store`, in the binary format 2 of `format`,
+written and mapped by `batch_file`); the
 trainer reads it (payload bytes included: `reader`'s `read_batch`, also exported as
 `orchestrator.read_batch`) and then publishes `v{s}` as `<weights_dir>/step_NNNNNN/STABLE`
 (`weights`), or as `<weights_dir>/step_N/STABLE` in prime-rl's layout (`StepLayout`,
 `step_dirs`). The daemon keeps its own state next to them (`progress`: `progress.json` and
-the run lock). docs/protocol.md § Batches describes the format for trainers in other
+the run lock). docs/batch-format.md describes the file byte for byte for trainers in other
 codebases.
 """
 
 from orchestrator.core.rollouts import TrainSample as TrainSample
+from orchestrator.handoff.batch_file import read_batch_file as read_batch_file
+from orchestrator.handoff.batch_file import write_batch_file as write_batch_file
 from orchestrator.handoff.format import BATCH_FILE as BATCH_FILE
 from orchestrator.handoff.format import BATCH_FORMAT as BATCH_FORMAT
-from orchestrator.handoff.format import BatchDocument as BatchDocument
+from orchestrator.handoff.format import FORMAT_VERSION as FORMAT_VERSION
+from orchestrator.handoff.format import LEGACY_BATCH_FILE as LEGACY_BATCH_FILE
 from orchestrator.handoff.format import BatchError as BatchError
+from orchestrator.handoff.format import BatchFile as BatchFile
+from orchestrator.handoff.format import BatchLayout as BatchLayout
+from orchestrator.handoff.format import BatchSample as BatchSample
 from orchestrator.handoff.format import decode_batch as decode_batch
-from orchestrator.handoff.format import decode_sample as decode_sample
 from orchestrator.handoff.format import encode_batch as encode_batch
 from orchestrator.handoff.progress import LOCK_FILE as LOCK_FILE
 from orchestrator.handoff.progress import PROGRESS_FILE as PROGRESS_FILE
@@ -53,6 +59,8 @@ from orchestrator.handoff.weights import weights_step_dir as weights_step_dir
 __all__ = [
     "BATCH_FILE",
     "BATCH_FORMAT",
+    "FORMAT_VERSION",
+    "LEGACY_BATCH_FILE",
     "LOCK_FILE",
     "MODEL_FILE",
     "PARTIAL_BATCH_PREFIX",
@@ -61,9 +69,11 @@ __all__ = [
     "STEP_LAYOUTS",
     "WEIGHTS_FORMAT",
     "Batch",
-    "BatchDocument",
     "BatchError",
     "BatchExists",
+    "BatchFile",
+    "BatchLayout",
+    "BatchSample",
     "DroppedSample",
     "Progress",
     "RunLocked",
@@ -72,7 +82,6 @@ __all__ = [
     "TrainSample",
     "batch_step_dir",
     "decode_batch",
-    "decode_sample",
     "encode_batch",
     "hold_run_lock",
     "is_complete_batch",
@@ -84,10 +93,12 @@ __all__ = [
     "publish_weights",
     "published_versions",
     "read_batch",
+    "read_batch_file",
     "remove_partial_batches",
     "save_progress",
     "shipped_steps",
     "step_dir_name",
     "wait_for_batch",
     "weights_step_dir",
+    "write_batch_file",
 ]

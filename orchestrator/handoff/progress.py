@@ -48,14 +48,58 @@ class TopError:
 
 
 @attrs.frozen
+class ProgressLine:
+    """The figures of one `progress` log line (orchestrator/daemon/progress_report.py).
+
+    `step` is the batch being filled, `queued_samples` the samples ready for it of the
+    `needed_samples` a batch takes, `inflight_rollouts` the rollouts running. Over the
+    `interval_s` seconds since the previous line (or the daemon's start):
+    `rollouts_per_s` (completed rollouts), `discards` by reason and `failures` by kind
+    (the reasons and kinds that grew only, as in the stall warning).
+    """
+
+    step: int
+    queued_samples: int
+    needed_samples: int
+    inflight_rollouts: int
+    interval_s: float
+    rollouts_per_s: float
+    discards: Mapping[str, int] = attrs.field(factory=dict)
+    failures: Mapping[str, int] = attrs.field(factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The line's fields, as logged and as `progress.json` holds them."""
+        fields = attrs.asdict(self)
+        fields["discards"] = dict(self.discards)
+        fields["failures"] = dict(self.failures)
+        return fields
+
+    @classmethod
+    def from_json(cls, raw: Any) -> ProgressLine:
+        return cls(
+            step=int(raw["step"]),
+            queued_samples=int(raw["queued_samples"]),
+            needed_samples=int(raw["needed_samples"]),
+            inflight_rollouts=int(raw["inflight_rollouts"]),
+            interval_s=float(raw["interval_s"]),
+            rollouts_per_s=float(raw["rollouts_per_s"]),
+            discards=_counts(raw.get("discards")),
+            failures=_counts(raw.get("failures")),
+        )
+
+
+@attrs.frozen
 class Progress:
     """A snapshot of the run, as `progress.json` holds it.
 
     Times are Unix times. `started_at` is when the daemon started, `last_shipped_at` when
     it last shipped a batch (None: none since it started). `failures` are totals by kind
     since it started; `recent_discards`, `recent_failures` and `top_error` (the most
-    common error text) count since the last shipped batch, or since the start. Files
-    written before these keys existed read with their defaults.
+    common error text) count since the last shipped batch, or since the start.
+    `needed_samples` is what a batch takes (0: not recorded); `last_report` the figures
+    of the daemon's last `progress` log line and `last_report_at` when it was logged
+    (None: no line yet, or `[progress] report_interval_s = 0`). Files written before
+    these keys existed read with their defaults.
     """
 
     step: int  # the last shipped batch (0: none)
@@ -72,6 +116,9 @@ class Progress:
     recent_discards: Mapping[str, int] = attrs.field(factory=dict)
     recent_failures: Mapping[str, int] = attrs.field(factory=dict)
     top_error: TopError | None = None
+    needed_samples: int = 0
+    last_report: ProgressLine | None = None
+    last_report_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -103,6 +150,9 @@ def load_progress(state_dir: Path) -> Progress | None:
             recent_discards=_counts(raw.get("recent_discards")),
             recent_failures=_counts(raw.get("recent_failures")),
             top_error=_top_error(raw.get("top_error")),
+            needed_samples=int(raw.get("needed_samples", 0)),
+            last_report=_last_report(raw.get("last_report")),
+            last_report_at=_optional_float(raw.get("last_report_at")),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -120,6 +170,10 @@ def _top_error(value: Any) -> TopError | None:
     if value is None:
         return None
     return TopError(str(value["kind"]), str(value["text"]), int(value["count"]))
+
+
+def _last_report(value: Any) -> ProgressLine | None:
+    return None if value is None else ProgressLine.from_json(value)
 
 
 class RunLocked(UserError):

@@ -1,14 +1,16 @@
 """The trainer's side of the hand-off: `read_batch` turns a shipped batch into arrays.
 
-By-handle payloads are read through the payload reader (`read_sample_payload`: segments
-validated before any byte is read, digests verified on request); inline ones are decoded
-with `decode_inline`. Both give the same arrays for the same sample, bitwise. Blocking:
-an async trainer calls it in a worker thread.
+The batch file is mapped and validated whole (`read_batch_file`); the per-position arrays
+and inline payloads handed out are views of that copy-on-write mapping, writable, copied
+by nothing. By-handle payloads are read through the payload reader
+(`read_sample_payload`: segments validated before any byte is read, digests verified on
+request). Both payload forms give the same arrays for the same sample, bitwise.
+Blocking: an async trainer calls it in a worker thread.
 
 A sample whose payload files are broken (a digest mismatch, a file missing, short, or not
 a regular file) is that sample's fault (mostly its inference server's), not the batch's:
 with ``on_corrupt="drop"`` it is left out and named in `Batch.dropped`, and the rest of
-the batch is read. A malformed `batch.json` is always a `BatchError`.
+the batch is read. A malformed `batch.bin` is always a `BatchError`.
 """
 
 from __future__ import annotations
@@ -21,15 +23,20 @@ from typing import Literal, get_args
 import attrs
 import numpy as np
 
-from orchestrator.core.rollouts import TrainSample
-from orchestrator.handoff.format import BATCH_FILE, BatchError, decode_batch
+from orchestrator.handoff.batch_file import read_batch_file
+from orchestrator.handoff.format import (
+    BATCH_FILE,
+    FORMAT_VERSION,
+    LEGACY_BATCH_FILE,
+    BatchError,
+    BatchSample,
+)
 from orchestrator.handoff.step_dirs import parse_step_dir
 from orchestrator.payload import (
     BadSegment,
     PayloadCorrupt,
     PayloadError,
     PayloadMissing,
-    decode_inline,
     read_sample_payload,
 )
 
@@ -45,12 +52,15 @@ _FILE_REASONS = frozenset({"symlink", "mount_point", "not_regular_file"})
 class SampleArrays:
     """One sample of a batch as arrays, over the positions in `rows`.
 
-    Per position (all of length `len(rows)`): `token_ids` int64, `loss_mask` bool,
+    Per position (all of length `len(rows)`): `token_ids` int32, `loss_mask` bool,
     `advantages` float32 (the sample's advantage on loss positions, 0 elsewhere),
     `logprobs` float32 (inference logprobs, 0 on prompt positions), `routed_experts`
     `[n, layers, top_k]` (uint8/uint16; int16/int32 when the final token carries the -1
     sentinel) and `sampling_mask` int32 `[n, W]` padded with -1, each None when the
-    sample has no such payload. `rows` is the window of positions read: the whole sample
+    sample has no such payload. All are writable numpy arrays (`torch.from_numpy` takes
+    them as they are); the per-position ones and inline payloads are views of the mapped
+    batch file (copy-on-write: writing to one never changes the file), by-handle payloads
+    are read into fresh arrays. `rows` is the window of positions read: the whole sample
     (`range(length)`) unless `read_batch` was given one. `server` is the inference server
     that generated the sample, when the batch says.
     """
@@ -83,7 +93,7 @@ class SampleArrays:
 class DroppedSample:
     """A sample `read_batch(..., on_corrupt="drop")` left out of a batch, and why.
 
-    `index` is its place in `batch.json`'s `samples`; `server` is the inference server
+    `index` is its place in the batch file's `samples`; `server` is the inference server
     that generated it (None when the batch does not say). `reason` is
     ``payload_corrupt`` (a digest mismatch; only with `verify`), ``payload_missing`` (a
     payload file or its `payload_dir` missing, or a file shorter than a segment needs) or
@@ -153,13 +163,14 @@ def read_batch(
     also outside the window, so all ranks of a context-parallel group drop the same
     samples.
 
-    Raises `BatchError` (one line naming the file) when `batch.json` is missing,
-    unreadable or malformed, its step differs from the directory's, or a sample's payload
-    is malformed (a bad segment or inline array, a `payload_dir` that is not `v<k>` for
-    the sample's dispatch version); with ``on_corrupt="raise"``, `PayloadMissing` naming
-    the payload file when it is missing or short, `PayloadCorrupt` naming it when
-    `verify` finds a digest mismatch, and `BatchError` for a payload file that is a
-    symbolic link or not a regular file; ValueError for a `rows` range whose step is not
+    Raises `BatchError` (one line naming the file) when `batch.bin` is missing,
+    unreadable or malformed (`read_batch_file`; a directory holding only the `batch.json`
+    of format 1 is named as such), its step differs from the directory's, or a sample's
+    payload is malformed (a bad segment or inline array, a `payload_dir` that is not
+    `v<k>` for the sample's dispatch version); with ``on_corrupt="raise"``,
+    `PayloadMissing` naming the payload file when it is missing or short, `PayloadCorrupt`
+    naming it when `verify` finds a digest mismatch, and `BatchError` for a payload file
+    that is a symbolic link or not a regular file; ValueError for a `rows` range whose step is not
     1 or whose start is negative, or an unknown `on_corrupt`.
     """
     if rows is not None and (rows.step != 1 or rows.start < 0):
@@ -168,33 +179,35 @@ def read_batch(
         raise ValueError(f"on_corrupt must be 'raise' or 'drop', got {on_corrupt!r}")
     batch_dir = Path(batch_dir)
     batch_file = batch_dir / BATCH_FILE
-    try:
-        data = batch_file.read_bytes()
-    except OSError as exc:
-        raise BatchError(f"{batch_file}: cannot read: {exc.strerror or exc}") from None
-    document = decode_batch(data, source=str(batch_file))
+    legacy_file = batch_dir / LEGACY_BATCH_FILE
+    if not batch_file.exists() and legacy_file.is_file():
+        raise BatchError(
+            f"{legacy_file}: batch format 1 (JSON), written by an earlier version; this "
+            f"version reads format {FORMAT_VERSION} ({BATCH_FILE}) only"
+        )
+    contents = read_batch_file(batch_file)
     dir_step = parse_step_dir(batch_dir.name)
-    if dir_step is not None and dir_step != document.step:
-        raise BatchError(f"{batch_file}: step {document.step} in the directory of step {dir_step}")
+    if dir_step is not None and dir_step != contents.step:
+        raise BatchError(f"{batch_file}: step {contents.step} in the directory of step {dir_step}")
     samples = []
     dropped = []
-    for index, sample in enumerate(document.samples):
+    for sample in contents.samples:
         try:
             samples.append(_sample_arrays(sample, rows=rows, verify=verify))
         except BadSegment as exc:
             if on_corrupt == "raise" or exc.reason not in _FILE_REASONS:
-                raise BatchError(f"{batch_file}: samples[{index}]: {exc}") from None
-            dropped.append(_dropped(index, sample, exc))
+                raise BatchError(f"{batch_file}: samples[{sample.index}]: {exc}") from None
+            dropped.append(_dropped(sample, exc))
         except (PayloadMissing, PayloadCorrupt) as exc:
             if on_corrupt == "raise":
                 raise
-            dropped.append(_dropped(index, sample, exc))
+            dropped.append(_dropped(sample, exc))
     return Batch(
-        step=document.step, created_at=document.created_at, samples=samples, dropped=dropped
+        step=contents.step, created_at=contents.created_at, samples=samples, dropped=dropped
     )
 
 
-def _dropped(index: int, sample: TrainSample, exc: PayloadError) -> DroppedSample:
+def _dropped(sample: BatchSample, exc: PayloadError) -> DroppedSample:
     if isinstance(exc, PayloadCorrupt):
         reason, file = "payload_corrupt", str(exc.path)
     elif isinstance(exc, PayloadMissing):
@@ -203,7 +216,7 @@ def _dropped(index: int, sample: TrainSample, exc: PayloadError) -> DroppedSampl
         assert isinstance(exc, BadSegment) and sample.payload_dir is not None
         reason, file = "bad_payload_file", str(Path(sample.payload_dir) / exc.file)
     return DroppedSample(
-        index=index,
+        index=sample.index,
         group_id=sample.group_id,
         rollout_id=sample.rollout_id,
         server=sample.server,
@@ -213,16 +226,13 @@ def _dropped(index: int, sample: TrainSample, exc: PayloadError) -> DroppedSampl
     )
 
 
-def _sample_arrays(sample: TrainSample, *, rows: range | None, verify: bool) -> SampleArrays:
-    length = len(sample.token_ids)
+def _sample_arrays(sample: BatchSample, *, rows: range | None, verify: bool) -> SampleArrays:
+    length = sample.length
     window = (
         range(length) if rows is None else range(min(rows.start, length), min(rows.stop, length))
     )
+    rows_slice = slice(window.start, window.stop)
     payload = _read_payload(sample, window, verify=verify)
-    token_ids = np.asarray(sample.token_ids, dtype=np.int64)[window.start : window.stop]
-    loss_mask = np.asarray(sample.loss_mask, dtype=np.bool_)[window.start : window.stop]
-    logprobs = np.asarray(sample.logprobs, dtype=np.float32)[window.start : window.stop]
-    advantages = np.where(loss_mask, np.float32(sample.advantage), np.float32(0.0))
     return SampleArrays(
         group_id=sample.group_id,
         rollout_id=sample.rollout_id,
@@ -232,41 +242,24 @@ def _sample_arrays(sample: TrainSample, *, rows: range | None, verify: bool) -> 
         advantage=sample.advantage,
         length=length,
         rows=window,
-        token_ids=token_ids,
-        loss_mask=loss_mask,
-        advantages=advantages.astype(np.float32, copy=False),
-        logprobs=logprobs,
+        token_ids=sample.token_ids[rows_slice],
+        loss_mask=sample.loss_mask[rows_slice],
+        advantages=sample.advantages[rows_slice],
+        logprobs=sample.logprobs[rows_slice],
         routed_experts=payload.get("routed_experts"),
         sampling_mask=payload.get("sampling_mask"),
         server=sample.server,
     )
 
 
-def _read_payload(sample: TrainSample, window: range, *, verify: bool) -> dict[str, np.ndarray]:
+def _read_payload(sample: BatchSample, window: range, *, verify: bool) -> dict[str, np.ndarray]:
     """The sample's payload arrays over `window`. Raises BadSegment and the payload errors."""
-    length = len(sample.token_ids)
     if sample.payload_dir is not None:
-        payload_dir = Path(sample.payload_dir)
-        # Every turn of a rollout writes into <root>/v<k>, k its dispatch version (docs/design.md
-        # §3): a sample pointing elsewhere would escape the collector's bound.
-        if payload_dir.name != f"v{sample.dispatch_version}":
-            raise BadSegment(
-                "wrong_version_dir",
-                "",
-                f"payload_dir {sample.payload_dir!r} is not v{sample.dispatch_version}, "
-                "the sample's dispatch version",
-            )
-        return read_sample_payload(payload_dir, sample.payload, length, rows=window, verify=verify)
-    arrays: dict[str, np.ndarray] = {}
-    for field, obj in (sample.inline or {}).items():
-        array, pos = decode_inline(dict(obj), field=field, allow_sentinel=True)
-        # A sample's inline arrays are the stitched whole: one row per position.
-        if pos != 0 or array.shape[0] != length:
-            raise BadSegment(
-                "coverage",
-                "",
-                f"inline {field} has rows {pos}..{pos + array.shape[0]}, "
-                f"the sample needs 0..{length}",
-            )
-        arrays[field] = array[window.start : window.stop]
-    return arrays
+        # The batch file was checked: payload_dir is <root>/v<dispatch_version>.
+        return read_sample_payload(
+            Path(sample.payload_dir), sample.payload, sample.length, rows=window, verify=verify
+        )
+    # Inline arrays are the stitched whole, one row per position: views of the batch file.
+    return {
+        field: array[window.start : window.stop] for field, array in (sample.inline or {}).items()
+    }

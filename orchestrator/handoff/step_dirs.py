@@ -1,6 +1,6 @@
 """The per-step directories of the trainer hand-off: `step_000007`, and when one is complete.
 
-Batches (`<batches_dir>/step_000007/batch.json`) and weights
+Batches (`<batches_dir>/step_000007/batch.bin`) and weights
 (`<weights_dir>/step_000007/STABLE`) share one naming rule and one completeness rule (a
 real directory holding its marker file, written last), so they live here once.
 

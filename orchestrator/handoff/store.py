@@ -20,7 +20,8 @@ from pathlib import Path
 import trio
 
 from orchestrator.core.rollouts import TrainSample
-from orchestrator.handoff.durable import TEMP_PREFIX, fsync_dir, temp_name, write_file_synced
+from orchestrator.handoff.batch_file import write_layout
+from orchestrator.handoff.durable import TEMP_PREFIX, fsync_dir, temp_name
 from orchestrator.handoff.format import BATCH_FILE, encode_batch
 from orchestrator.handoff.step_dirs import complete_steps, is_complete_step_dir, step_dir
 
@@ -43,21 +44,24 @@ def batch_step_dir(batches_dir: Path, step: int) -> Path:
 def publish_batch(
     batches_dir: Path, step: int, samples: Sequence[TrainSample], *, fsync: bool = True
 ) -> Path:
-    """Ship batch `step`: write `step_NNNNNN/batch.json` atomically and return its directory.
+    """Ship batch `step`: write `step_NNNNNN/batch.bin` atomically and return its directory.
 
-    Writes `.tmp-step_NNNNNN-<hex>/batch.json`, fsyncs the file and the temp directory,
-    renames the temp directory to `step_NNNNNN` and fsyncs `batches_dir` (with
-    `fsync=False` it skips the fsyncs, for tests and benchmarks). Creates `batches_dir`
-    when missing. Blocking.
+    Writes `.tmp-step_NNNNNN-<hex>/batch.bin` (`write_layout`: the arrays go straight from
+    the samples' buffers to the file, the interpreter lock released while they are
+    written), fsyncs the file and the temp directory, renames the temp directory to
+    `step_NNNNNN` and fsyncs `batches_dir` (with `fsync=False` it skips the fsyncs, for
+    tests and benchmarks). Creates `batches_dir` when missing. Blocking; a worker thread
+    running it stalls an event loop for milliseconds at most (`publish_batch_async`).
 
     An empty directory at the final name (not a shipped batch) is replaced.
 
     Raises `BatchExists` when the step was shipped already, or something else occupies
     its name (nothing is changed then),
-    ValueError for a step < 1 or a non-finite number in a sample, OSError when writing
-    fails (the temp directory is removed).
+    ValueError for a step < 1, a non-finite number in a sample or an inline array the
+    format does not allow, OSError when writing fails (the temp directory is removed).
     """
-    data = encode_batch(step, samples, created_at=time.time())
+    # Planned before touching the disk: a batch that cannot be encoded leaves nothing.
+    layout = encode_batch(step, samples, created_at=time.time())
     final_dir = batch_step_dir(batches_dir, step)
     batches_dir.mkdir(parents=True, exist_ok=True)
     if is_complete_batch(final_dir):
@@ -65,12 +69,12 @@ def publish_batch(
     temp_dir = batches_dir / temp_name(final_dir.name)
     temp_dir.mkdir()
     try:
-        write_file_synced(temp_dir / BATCH_FILE, data, fsync=fsync)
+        write_layout(temp_dir / BATCH_FILE, layout, fsync=fsync)
         if fsync:
             fsync_dir(temp_dir)
         try:
             # rename(2) replaces an *empty* directory but fails on a non-empty one, and a
-            # shipped batch always holds batch.json: so a concurrent publisher loses here.
+            # shipped batch always holds batch.bin: so a concurrent publisher loses here.
             temp_dir.rename(final_dir)
         except OSError as exc:
             if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
@@ -100,14 +104,14 @@ async def publish_batch_async(
 
 
 def is_complete_batch(batch_dir: Path) -> bool:
-    """Whether `batch_dir` is a shipped batch: a real directory holding `batch.json`."""
+    """Whether `batch_dir` is a shipped batch: a real directory holding `batch.bin`."""
     return is_complete_step_dir(batch_dir, BATCH_FILE)
 
 
 def shipped_steps(batches_dir: Path) -> list[int]:
     """The steps of the complete batch directories in `batches_dir`, sorted.
 
-    Only canonical `step_NNNNNN` directories holding `batch.json` count: temp directories
+    Only canonical `step_NNNNNN` directories holding `batch.bin` count: temp directories
     of a publish in progress (or cut short), symlinks and other names are ignored. A
     missing `batches_dir` means none. Raises OSError when it cannot be listed.
     """

@@ -16,11 +16,11 @@ code.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 from orchestrator.handoff.durable import fsync_dir, replace_file_atomically
-from orchestrator.handoff.format import json_line
 from orchestrator.handoff.step_dirs import StepLayout, complete_steps, step_dir
 
 __all__ = [
@@ -36,6 +36,15 @@ __all__ = [
 STABLE_MARKER = "STABLE"
 MODEL_FILE = "model.json"
 WEIGHTS_FORMAT = "rollout-orchestrator.weights/1"
+
+
+def json_line(obj: object) -> bytes:
+    """`obj` as the hand-off writes JSON files (weights' `model.json`): compact UTF-8 JSON
+    on one line, ending in a newline.
+
+    Raises ValueError for a non-finite float.
+    """
+    return (json.dumps(obj, allow_nan=False, separators=(",", ":")) + "\n").encode()
 
 
 def weights_step_dir(weights_dir: Path, step: int, *, layout: StepLayout = "native") -> Path:

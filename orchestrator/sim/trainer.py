@@ -13,9 +13,10 @@ cannot see because it never reads payload bytes: a drop, not a violation. A miss
 short payload file breaks the hand-off the orchestrator guarantees (it checked each file
 when the group finished and keeps it until `v{s}` is published), so it is dropped *and*
 counted as a **violation**, as is a batch that cannot be read at all (a malformed
-`batch.json`). Violations are counted and logged, never a crash, and training goes on.
-Its `TrainerStats` are written as JSON to `report_path` after every step, so a test or
-the demo can check them from another process.
+`batch.bin`, or a batch of the old JSON format 1). Violations are counted and logged,
+never a crash, and training goes on. Its `TrainerStats` are written as JSON to
+`report_path` after every step, so a test or the demo can check them from another
+process.
 """
 
 from __future__ import annotations

@@ -310,7 +310,7 @@ def _inline_routing(value: msgspec.Raw, rows: _Rows) -> tuple[np.ndarray, int]:
     """Routing ids and the position of their first row, from prime-rl's packed form (its
     ``start`` says where the rows begin) or upstream vLLM's ``.npy`` (the rows end at the
     last token run forward, so their count says where they begin)."""
-    if memoryview(value)[:1] == b'"':
+    if memoryview(value)[:1].tobytes() == b'"':
         ids = decode_npy(value, "routed_experts", dtypes=ROUTING_DTYPES, ndim=3)
         return ids, rows.routing_end - len(ids)
     return decode_packed_routing(value, "routed_experts", dtypes=ROUTING_DTYPES, ndim=3)

@@ -114,7 +114,7 @@ class KillRecord:
 
 @attrs.define
 class BatchLedger:
-    """Each batch.json's identity (inode, mtime) the first time it is seen; a shipped
+    """Each batch.bin's identity (inode, mtime) the first time it is seen; a shipped
     batch is never rewritten, so the identity must never change."""
 
     batches_dir: Path

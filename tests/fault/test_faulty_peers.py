@@ -29,8 +29,8 @@ from orchestrator.handoff import (
     BATCH_FILE,
     TrainSample,
     batch_step_dir,
-    decode_batch,
     read_batch,
+    read_batch_file,
     shipped_steps,
 )
 from orchestrator.sim._response import TRAVERSAL_FILE_NAME
@@ -107,8 +107,7 @@ def referenced_files(batches_dir: Path) -> set[Path]:
     files: set[Path] = set()
     for step in shipped_steps(batches_dir):
         path = batch_step_dir(batches_dir, step) / BATCH_FILE
-        document = decode_batch(path.read_bytes(), source=str(path))
-        for sample in document.samples:
+        for sample in read_batch_file(path).samples:
             for segments in sample.payload.values():
                 files.update(
                     Path(sample.payload_dir, segment.file)

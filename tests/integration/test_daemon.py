@@ -17,7 +17,7 @@ from orchestrator.config import Config, load_config
 from orchestrator.daemon.run import RunOutcome, run_daemon
 from orchestrator.daemon.run_state import RunState
 from orchestrator.errors import UserError
-from orchestrator.handoff import shipped_steps
+from orchestrator.handoff import BATCH_FILE, read_batch_file, shipped_steps
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 
@@ -95,13 +95,13 @@ async def test_demo_config_runs_steps_and_keeps_every_invariant(tmp_path: Path) 
     report = json.loads((config.run_dir / "trainer" / "report.json").read_text())
     assert report["steps"] == 5 and report["violations"] == []
     # Every shipped sample's payload was by handle and read back by the trainer.
-    batch = json.loads((config.batches_dir / "step_000005" / "batch.json").read_text())
-    assert len(batch["samples"]) == 16
-    assert all(s["payload"]["routed_experts"] for s in batch["samples"])
+    batch = read_batch_file(config.batches_dir / "step_000005" / BATCH_FILE)
+    assert len(batch.samples) == 16
+    assert all(s.payload["routed_experts"] for s in batch.samples)
     # Each sample names the server its group ran on (one server per group).
-    servers = {s["group_id"]: s["server"] for s in batch["samples"]}
-    assert all(s["server"] == servers[s["group_id"]] for s in batch["samples"])
-    assert all(url.startswith("http://127.0.0.1:") for url in servers.values())
+    servers = {s.group_id: s.server for s in batch.samples}
+    assert all(s.server == servers[s.group_id] for s in batch.samples)
+    assert all(url is not None and url.startswith("http://127.0.0.1:") for url in servers.values())
     # Discarded rollouts' files were deleted at once, not only by the collector.
     assert state.files_deleted["discard"] > 0
     assert state.files_deleted["collection"] > 0
@@ -119,7 +119,7 @@ async def test_stopped_mid_run_resumes_without_reshipping_or_skipping(tmp_path: 
     first = shipped_steps(config.batches_dir)
     assert first and first == list(range(1, len(first) + 1))
     mtimes = {
-        step: os.stat(config.batches_dir / f"step_{step:06d}" / "batch.json").st_mtime_ns
+        step: os.stat(config.batches_dir / f"step_{step:06d}" / BATCH_FILE).st_mtime_ns
         for step in first
     }
     # A straggler recreated a version directory far below any bound after the stop.
@@ -132,7 +132,7 @@ async def test_stopped_mid_run_resumes_without_reshipping_or_skipping(tmp_path: 
     assert outcome.first_step == first[-1] + 1
     assert shipped_steps(config.batches_dir) == [1, 2, 3, 4, 5, 6]
     for step, mtime in mtimes.items():
-        path = config.batches_dir / f"step_{step:06d}" / "batch.json"
+        path = config.batches_dir / f"step_{step:06d}" / BATCH_FILE
         assert os.stat(path).st_mtime_ns == mtime, f"batch {step} was rewritten"
     assert not straggler.exists()
     assert_invariants(config, outcome, 6)

@@ -1,6 +1,7 @@
 """The real daemon with the local fleet, on a config where every sample is longer than
 `batch.max_seq_len`: nothing ever ships, so the stall watch warns with `untrainable` as
-the dominant discard reason, and `orchestrator status` says the same."""
+the dominant discard reason, the `progress` lines before it show rollouts completing and
+all of them discarded as `untrainable`, and `orchestrator status` says the same."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from orchestrator.handoff import hold_run_lock, load_progress
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 STALL_S = 0.5
+REPORT_S = 0.2
 
 
 def warnings(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -41,6 +43,7 @@ async def test_every_sample_too_long_warns_and_status_shows_it(
         # Every prompt alone is longer: each sample is discarded as untrainable.
         "batch.max_seq_len=8",
         f"progress.stall_warning_s={STALL_S}",
+        f"progress.report_interval_s={REPORT_S}",
     ]
     config = load_config(DEMO, overrides)
     with (
@@ -69,11 +72,24 @@ async def test_every_sample_too_long_warns_and_status_shows_it(
     assert max(last["discards"], key=last["discards"].get) == "untrainable"
     assert "max_seq_len" in last["hint"]
 
+    # The progress lines came first (at info level), under the warning's names.
+    lines = [entry for entry in logs if entry["event"] == "progress"]
+    assert lines and logs.index(lines[0]) < logs.index(stalls[0])
+    assert {line["log_level"] for line in lines} == {"info"}
+    busy = [line for line in lines if line["discards"]]
+    assert busy and all(set(line["discards"]) == {"untrainable"} for line in busy)
+    assert all(line["rollouts_per_s"] > 0 for line in busy)
+    assert {(line["step"], line["queued_samples"], line["needed_samples"]) for line in lines} == {
+        (1, 0, config.batch.size)
+    }
+
     # progress.json carries the same, and `orchestrator status` shows it.
     progress = load_progress(config.state_dir)
     assert progress is not None
     assert progress.last_shipped_at is None and progress.started_at > 0
     assert progress.recent_discards["untrainable"] >= untrainable(last)
+    assert progress.last_report is not None and progress.last_report.step == 1
+    assert progress.needed_samples == config.batch.size
     capsys.readouterr()
     argv = ["status", "--config", str(DEMO), *(arg for o in overrides for arg in ("--set", o))]
     with hold_run_lock(config.state_dir):
@@ -82,3 +98,4 @@ async def test_every_sample_too_long_warns_and_status_shows_it(
     count = progress.recent_discards["untrainable"]
     assert "no batch shipped for" in out
     assert f"most discards: untrainable ({count})" in out, out
+    assert "progress line:   step 1, 0 of" in out, out

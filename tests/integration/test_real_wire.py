@@ -15,7 +15,7 @@ from orchestrator.commands.summary import check_invariants
 from orchestrator.config import Config, load_config
 from orchestrator.daemon.run import run_daemon
 from orchestrator.daemon.run_state import RunState
-from orchestrator.handoff import read_batch
+from orchestrator.handoff import BATCH_FILE, read_batch, read_batch_file
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 STEPS = 3
@@ -63,11 +63,9 @@ async def test_each_real_reply_form_trains_with_routing_and_keeps_every_invarian
     # The trainer got routing for every position of every sample it trained on (one byte
     # per expert id at least), read from files by handle or decoded inline.
     lengths = [
-        len(sample["token_ids"])
+        sample.length
         for step in range(1, STEPS + 1)
-        for sample in json.loads(
-            (config.batches_dir / f"step_{step:06d}" / "batch.json").read_text()
-        )["samples"]
+        for sample in read_batch_file(config.batches_dir / f"step_{step:06d}" / BATCH_FILE).samples
     ]
     assert report["payload_bytes"] >= sum(lengths) * 48 * 8
     if mode == "inline":

@@ -186,8 +186,8 @@ async def test_every_reply_form_gives_the_same_turn(
     upstream_turn = _parse(upstream_reply, 300, start, None)
     for turn in (inline, handle, upstream_turn):
         assert turn.poisoned is None
-        assert turn.completion_ids == inline.completion_ids
-        assert turn.logprobs == inline.logprobs
+        np.testing.assert_array_equal(turn.completion_ids, inline.completion_ids)
+        np.testing.assert_array_equal(turn.logprobs, inline.logprobs)
         assert turn.finish_reason == inline.finish_reason
     completion = list(inline.completion_ids)
     rows = 300 + len(completion) - 1 - start
@@ -196,7 +196,7 @@ async def test_every_reply_form_gives_the_same_turn(
     params = SamplingParams(max_tokens=48, temperature=1.0, top_p=0.95, top_k=50, seed=7)
     expected = sample_completion(MODEL, int(prefix_hashes(prompt)[-1]), params, 0)
     assert completion == expected.token_ids.tolist()
-    assert inline.logprobs == tuple(expected.logprobs.tolist())
+    assert inline.logprobs.tolist() == expected.logprobs.tolist()
     routing = _routing_of(prompt + completion)[start:]
     assert routing.shape == (rows, 6, 4)
 
@@ -268,7 +268,7 @@ async def test_delta_replay_returns_only_the_later_rows(
             [segment, _] = reply.json()["choices"][0]["payload"]
             routed, pos = _pread(segment), segment["pos"]
         assert pos == start
-        return list(turn.completion_ids), routed
+        return turn.completion_ids.tolist(), routed
 
     turn1_prompt = _prompt(100)
     completion1, turn1_rows = await rows(turn1_prompt, 1, 0)

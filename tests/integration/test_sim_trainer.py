@@ -13,13 +13,14 @@ import pytest
 import trio
 
 from orchestrator.handoff import (
+    BATCH_FILE,
     TrainSample,
     latest_published_version,
     publish_batch,
     published_versions,
+    read_batch_file,
 )
 from orchestrator.payload import (
-    encode_inline,
     stitch_inline_masks,
     stitch_inline_routing,
     stitch_masks,
@@ -79,8 +80,8 @@ def inline_sample(seed: int, version: int = 0) -> TrainSample:
     stitched = stitch_inline_routing([(routing, 0)], LENGTH, "repeat")
     assert stitched is not None
     inline = {
-        "routed_experts": encode_inline(stitched, 0),
-        "sampling_mask": encode_inline(stitch_inline_masks([(mask, PROMPT)], LENGTH), 0),
+        "routed_experts": stitched,
+        "sampling_mask": stitch_inline_masks([(mask, PROMPT)], LENGTH),
     }
     return _sample(seed, version, inline=inline)
 
@@ -212,10 +213,10 @@ async def test_a_malformed_batch_is_a_violation_a_corrupt_sample_is_not(run: Run
     run.ship(1, range(1))
     bad = run.batches_dir / "step_000002"
     bad.mkdir()
-    (bad / "batch.json").write_text('{"format": "rollout-orchestrator.batch/1", "step": 2')
+    (bad / BATCH_FILE).write_bytes(b"ROBATCH\n\x02\x00\x00\x00\xff\xff\x00\x00")
     corrupt = run.ship(3, range(1, 2))
-    segment = json.loads((corrupt / "batch.json").read_text())["samples"][0]["payload"]
-    victim = run.payload_root / "v0" / segment["routed_experts"][0]["file"]
+    segment = read_batch_file(corrupt / BATCH_FILE).samples[0].payload["routed_experts"][0]
+    victim = run.payload_root / "v0" / segment.file
     data = bytearray(victim.read_bytes())
     data[3] ^= 1
     victim.write_bytes(bytes(data))
@@ -223,7 +224,7 @@ async def test_a_malformed_batch_is_a_violation_a_corrupt_sample_is_not(run: Run
         async with trio.open_nursery() as nursery:
             stats = await nursery.start(serve_trainer, run.config(3))
     kinds = [(v.step, v.kind, v.file) for v in stats.violations]
-    assert kinds == [(2, "bad_batch", str(bad / "batch.json"))]
+    assert kinds == [(2, "bad_batch", str(bad / BATCH_FILE))]
     assert [(d.step, d.reason, d.file) for d in stats.dropped] == [
         (3, "payload_corrupt", str(victim))
     ]
@@ -240,8 +241,8 @@ async def test_a_corrupt_sample_is_dropped_named_and_no_violation(
     ]
     batch_dir = publish_batch(run.batches_dir, 1, samples, fsync=False)
     # The server of sample 1 wrote a wrong digest: its bytes no longer match it.
-    segment = json.loads((batch_dir / "batch.json").read_text())["samples"][1]["payload"]
-    victim = run.payload_root / "v0" / segment["sampling_mask"][0]["file"]
+    segment = read_batch_file(batch_dir / BATCH_FILE).samples[1].payload["sampling_mask"][0]
+    victim = run.payload_root / "v0" / segment.file
     data = bytearray(victim.read_bytes())
     data[-1] ^= 1
     victim.write_bytes(bytes(data))

@@ -1,18 +1,21 @@
-"""The reference reader in docs/protocol.md § Batches runs and agrees with read_batch."""
+"""The reference reader in docs/batch-format.md runs and agrees with read_batch, and the
+documented example is what the writer writes."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
-from orchestrator.handoff import TrainSample, publish_batch, read_batch
+from orchestrator.handoff import TrainSample, encode_batch, publish_batch, read_batch
 from orchestrator.payload import (
     FinalTokenRoute,
-    encode_inline,
+    PayloadSegment,
     stitch_inline_masks,
     stitch_inline_routing,
     stitch_masks,
@@ -20,16 +23,15 @@ from orchestrator.payload import (
     write_payload_file,
 )
 
-PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "batch-format.md"
 
 
 def reference_reader() -> dict[str, Any]:
     """Execute the documented reader; return its namespace."""
-    text = PROTOCOL.read_text()
-    batches = text[text.index("\n## Batches\n") :]
-    [code] = re.findall(r"```python\n(# reference reader.*?)```", batches, flags=re.S)
+    text = DOC.read_text()
+    [code] = re.findall(r"```python\n(# reference reader.*?)```", text, flags=re.S)
     namespace: dict[str, Any] = {"__name__": "reference_reader"}
-    exec(compile(code, f"{PROTOCOL}:Batches", "exec"), namespace)
+    exec(compile(code, str(DOC), "exec"), namespace)
     return namespace
 
 
@@ -77,10 +79,7 @@ def _samples(payload_dir: Path, route: FinalTokenRoute) -> list[TrainSample]:
             ),
             TrainSample(
                 **per_length,
-                inline={
-                    "routed_experts": encode_inline(inline_routing, 0),
-                    "sampling_mask": encode_inline(inline_masks, 0),
-                },
+                inline={"routed_experts": inline_routing, "sampling_mask": inline_masks},
             ),
             TrainSample(**per_length),
         ]
@@ -91,7 +90,7 @@ def _samples(payload_dir: Path, route: FinalTokenRoute) -> list[TrainSample]:
 def test_the_documented_reader_matches_read_batch(tmp_path: Path, route: FinalTokenRoute) -> None:
     samples = _samples(tmp_path / "payloads" / "v3", route)
     batch_dir = publish_batch(tmp_path / "batches", 7, samples, fsync=False)
-    documented = reference_reader()["read_batch_json"](batch_dir)
+    documented = reference_reader()["read_batch_bin"](batch_dir)
     ours = read_batch(batch_dir)
     assert len(documented) == len(ours.samples) == 6
     for theirs, mine in zip(documented, ours.samples, strict=True):
@@ -119,4 +118,68 @@ def test_the_documented_reader_detects_corruption(tmp_path: Path) -> None:
     data[0] ^= 1
     victim.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="digest mismatch"):
-        reference_reader()["read_batch_json"](batch_dir)
+        reference_reader()["read_batch_bin"](batch_dir)
+
+
+def test_the_documented_example_is_what_the_writer_writes() -> None:
+    text = DOC.read_text()
+    segment = PayloadSegment(
+        field="routed_experts",
+        file="ebda645122dd470f9c659839fd37b470.bin",
+        offset=0,
+        pos=0,
+        shape=(6, 2, 2),
+        dtype="uint8",
+        digest="b9eeee2787151c833875d6c8fe2c93bc",
+    )
+    common: dict[str, Any] = {
+        "group_id": "g-000017",
+        "start_version": 2,
+        "dispatch_version": 3,
+        "server": "http://10.1.0.4:8000",
+    }
+    routing = [[[3, 1], [0, 2]], [[1, 2], [3, 0]], [[2, 2], [1, 1]], [[-1, -1], [-1, -1]]]
+    samples = [
+        TrainSample(
+            **common,
+            rollout_id="g-000017/2",
+            reward=1.0,
+            advantage=0.5,
+            token_ids=[100, 101, 102, 103, 104, 105],
+            loss_mask=[0, 0, 0, 1, 1, 1],
+            logprobs=[0, 0, 0, -0.25, -0.5, -1.0],
+            payload_dir="/shared/run/payloads/v3",
+            payload={"routed_experts": [segment]},
+        ),
+        TrainSample(
+            **common,
+            rollout_id="g-000017/3",
+            reward=0.0,
+            advantage=-0.5,
+            token_ids=[100, 101, 102, 107],
+            loss_mask=[0, 0, 1, 1],
+            logprobs=[0, 0, -0.5, -1.25],
+            inline={"routed_experts": np.array(routing, dtype=np.int16)},
+        ),
+    ]
+    layout = encode_batch(7, samples, created_at=1764409871.25)
+    header_len = int.from_bytes(layout.prefix[12:16], "little")
+    assert (header_len, layout.data_start, layout.size) == (799, 832, 1120)
+    assert "`H` is 799 bytes, so `D` is 832 and the file\nis 1,120 bytes" in text
+    assert layout.prefix[:16].hex(" ") in text.replace("  ", " ")
+    [shown] = re.findall(r"```json\n(.*?)```", text, flags=re.S)
+    header = msgspec.msgpack.decode(layout.prefix[16 : 16 + header_len])
+    assert json.loads(shown) == header
+    assert [
+        (offset, array.size) for offset, array in zip(layout.offsets, layout.arrays, strict=True)
+    ] == [
+        (0, 24),
+        (24, 16),
+        (64, 6),
+        (70, 4),
+        (128, 24),
+        (152, 16),
+        (192, 24),
+        (216, 16),
+        (256, 32),
+    ]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import re
+import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import msgspec
 import numpy as np
 import pytest
 
@@ -27,7 +29,6 @@ from orchestrator.payload import (
     PayloadCorrupt,
     PayloadMissing,
     PayloadSegment,
-    encode_inline,
     stitch_inline_masks,
     stitch_inline_routing,
     stitch_masks,
@@ -130,10 +131,7 @@ def inline(branch: Branch, length: int, route: FinalTokenRoute = "repeat") -> Tr
     return _sample(
         branch,
         length,
-        inline={
-            "routed_experts": encode_inline(routing, 0),
-            "sampling_mask": encode_inline(masks, 0),
-        },
+        inline={"routed_experts": routing, "sampling_mask": masks},
     )
 
 
@@ -199,7 +197,7 @@ def test_publish_then_read_gives_equal_arrays_by_handle_and_inline(
     else:
         np.testing.assert_array_equal(last, -1)
     # Per-position loss data.
-    assert handle.token_ids.dtype == np.int64
+    assert handle.token_ids.dtype == np.int32
     assert handle.token_ids.tolist() == list(branch.token_ids[:length])
     assert handle.loss_mask.dtype == np.bool_
     assert handle.advantages.dtype == np.float32
@@ -265,7 +263,7 @@ def test_read_batch_accepts_a_str_or_any_path_like(
         for got, want in zip(batch.samples, expected.samples, strict=True):
             _assert_same_arrays(got, want)
     # A missing batch named by a str is still a BatchError naming the file.
-    with pytest.raises(BatchError, match=r"step_000009/batch\.json: cannot read"):
+    with pytest.raises(BatchError, match=r"step_000009/batch\.bin: cannot read"):
         public_read_batch(str(tmp_path / "batches" / "step_000009"))
 
 
@@ -299,41 +297,74 @@ def test_a_flipped_byte_raises_payload_corrupt_when_verifying(
     read_batch(batch_dir, verify=False)
 
 
-def _write_raw(tmp_path: Path, document: object, step: int = 1) -> Path:
-    batch_dir = tmp_path / f"step_{step:06d}"
-    batch_dir.mkdir(parents=True)
-    text = document if isinstance(document, str) else json.dumps(document)
-    (batch_dir / BATCH_FILE).write_text(text)
-    return batch_dir
+def _rewritten(batch_dir: Path, edit: Callable[[dict[str, Any]], object], step: int = 1) -> Path:
+    """A copy of the batch in `batch_dir` as step `step`, its header changed by `edit`.
+
+    Offsets are relative to the data section, so the arrays stay where the header says.
+    """
+    data = (batch_dir / BATCH_FILE).read_bytes()
+    (length,) = struct.unpack_from("<I", data, 12)
+    header = msgspec.msgpack.decode(data[16 : 16 + length])
+    section = data[-(-(16 + length) // 64) * 64 :]
+    edit(header)
+    encoded = msgspec.msgpack.encode(header)
+    prefix = struct.pack("<8sII", b"ROBATCH\n", 2, len(encoded)) + encoded
+    padding = bytes(-(-len(prefix) // 64) * 64 - len(prefix))
+    raw = batch_dir.parent / "raw"
+    copies = len(list(raw.iterdir())) if raw.exists() else 0
+    target = raw / str(copies) / f"step_{step:06d}"
+    target.mkdir(parents=True)
+    (target / BATCH_FILE).write_bytes(prefix + padding + section)
+    return target
 
 
-def _good_document(sample: TrainSample, step: int = 1) -> dict[str, Any]:
-    return {
-        "format": "rollout-orchestrator.batch/1",
-        "step": step,
-        "created_at": 1.0,
-        "samples": [sample.to_json()],
-    }
+def _truncated(batch_dir: Path) -> Path:
+    target = _rewritten(batch_dir, lambda header: None)
+    data = (target / BATCH_FILE).read_bytes()
+    (target / BATCH_FILE).write_bytes(data[: len(data) // 2])
+    return target
 
 
-def _bad_cases(branch: Branch, payload_dir: Path) -> list[tuple[object, str]]:
-    good = _good_document(by_handle(branch, payload_dir, 24))
-    text = json.dumps(good)
-    traversal = json.loads(text)
-    traversal["samples"][0]["payload"]["routed_experts"][0]["file"] = "../v2/x.bin"
-    wrong_version = json.loads(text)
-    wrong_version["samples"][0]["payload_dir"] = str(payload_dir.parent / "v2")
-    misplaced_inline = _good_document(inline(branch, 24))
-    misplaced_inline["samples"][0]["inline"]["sampling_mask"]["pos"] = 1
+def _setter(*path: str | int, value: object) -> Callable[[dict[str, Any]], None]:
+    def edit(header: dict[str, Any]) -> None:
+        node: Any = header
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+
+    return edit
+
+
+def _bad_cases(tmp_path: Path, branch: Branch, payload_dir: Path) -> list[tuple[Path, str]]:
+    batches = tmp_path / "good"
+    good = publish_batch(batches, 1, [by_handle(branch, payload_dir, 24)], fsync=False)
+    inlined = publish_batch(batches, 2, [inline(branch, 24)], fsync=False)
+    segment = ("samples", 0, "payload", "routed_experts", 0)
     return [
-        (text[: len(text) // 2], "invalid JSON"),
-        ({**good, "step": "1"}, "step: expected an integer, got a string"),
-        ({**good, "samples": [{"token_ids": []}]}, "samples[0]: missing key(s)"),
-        ({**good, "format": "other/1"}, "unknown format 'other/1'"),
-        ({**good, "step": 2}, "step 2 in the directory of step 1"),
-        (traversal, "samples[0]: bad payload segment: traversal"),
-        (wrong_version, "is not v3, the sample's dispatch version"),
-        (misplaced_inline, "inline sampling_mask has rows 1..25, the sample needs 0..24"),
+        (_truncated(good), "runs past the end of the file"),
+        (_rewritten(good, _setter("step", value="1")), "Expected `int`, got `str` - at `$.step`"),
+        (
+            _rewritten(good, _setter("samples", 0, value={"token_ids": []})),
+            "Object contains unknown field `token_ids` - at `$.samples[0]`",
+        ),
+        (_rewritten(good, _setter("format", value="other/1")), "unknown format 'other/1'"),
+        (_rewritten(good, _setter("step", value=2)), "step 2 in the directory of step 1"),
+        (
+            _rewritten(good, _setter(*segment, "file", value="../v2/x.bin")),
+            "samples[0]: bad payload segment: traversal",
+        ),
+        (
+            _rewritten(
+                good, _setter("samples", 0, "payload_dir", value=str(payload_dir.parent / "v2"))
+            ),
+            "is not v3, the sample's dispatch version",
+        ),
+        (
+            _rewritten(
+                inlined, _setter("samples", 0, "inline", "sampling_mask", "shape", value=[25, 3])
+            ),
+            "samples[0].inline.sampling_mask: shape [25, 3]: 25 rows, expected 24",
+        ),
     ]
 
 
@@ -341,8 +372,7 @@ def _bad_cases(branch: Branch, payload_dir: Path) -> list[tuple[object, str]]:
 def test_malformed_batches_raise_batch_error_in_one_line(
     tmp_path: Path, payload_dir: Path, branch: Branch, case: int
 ) -> None:
-    document, message = _bad_cases(branch, payload_dir)[case]
-    batch_dir = _write_raw(tmp_path / "batches", document)
+    batch_dir, message = _bad_cases(tmp_path, branch, payload_dir)[case]
     with pytest.raises(BatchError) as caught:
         read_batch(batch_dir)
     text = str(caught.value)
@@ -351,9 +381,47 @@ def test_malformed_batches_raise_batch_error_in_one_line(
     assert "\n" not in text
 
 
-def test_a_missing_batch_json_is_a_batch_error(tmp_path: Path) -> None:
-    with pytest.raises(BatchError, match=r"step_000001/batch\.json: cannot read: No such file"):
+def test_a_missing_batch_file_is_a_batch_error(tmp_path: Path) -> None:
+    with pytest.raises(BatchError, match=r"step_000001/batch\.bin: cannot read: No such file"):
         read_batch(tmp_path / "step_000001")
+
+
+def test_a_batch_of_the_old_json_format_is_named_as_such(tmp_path: Path) -> None:
+    batch_dir = tmp_path / "step_000001"
+    batch_dir.mkdir()
+    (batch_dir / "batch.json").write_text('{"format": "rollout-orchestrator.batch/1"}')
+    with pytest.raises(BatchError) as caught:
+        read_batch(batch_dir)
+    assert str(caught.value) == (
+        f"{batch_dir / 'batch.json'}: batch format 1 (JSON), written by an earlier version; "
+        "this version reads format 2 (batch.bin) only"
+    )
+
+
+def test_the_arrays_are_writable_views_of_the_mapped_file(
+    tmp_path: Path, payload_dir: Path, branch: Branch
+) -> None:
+    samples = [by_handle(branch, payload_dir, 24), inline(branch, 20)]
+    batch_dir = publish_batch(tmp_path / "batches", 1, samples, fsync=False)
+    before = (batch_dir / BATCH_FILE).read_bytes()
+    handle, inlined = read_batch(batch_dir).samples
+    for sample in (handle, inlined):
+        for name in (
+            "token_ids",
+            "loss_mask",
+            "advantages",
+            "logprobs",
+            "routed_experts",
+            "sampling_mask",
+        ):
+            array = getattr(sample, name)
+            assert array.flags.writeable, name
+    # Zero-copy: the per-position arrays of both samples share the mapping.
+    assert np.shares_memory(handle.token_ids.base, inlined.token_ids.base)
+    assert inlined.routed_experts is not None
+    inlined.routed_experts[:] = 0
+    inlined.token_ids[:] = 0
+    assert (batch_dir / BATCH_FILE).read_bytes() == before
 
 
 # -- on_corrupt="drop": a broken sample is left out, named, and the rest is read ---------
@@ -505,8 +573,7 @@ def test_every_row_window_drops_the_same_samples_as_a_full_read(
 def test_drop_never_hides_a_malformed_batch(
     tmp_path: Path, payload_dir: Path, branch: Branch, case: int
 ) -> None:
-    document, message = _bad_cases(branch, payload_dir)[case]
-    batch_dir = _write_raw(tmp_path / "batches", document)
+    batch_dir, message = _bad_cases(tmp_path, branch, payload_dir)[case]
     with pytest.raises(BatchError, match=re.escape(message)):
         read_batch(batch_dir, on_corrupt="drop")
 

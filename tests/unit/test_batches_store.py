@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from unittest import mock
 
@@ -14,10 +13,10 @@ from orchestrator.handoff import (
     BatchExists,
     TrainSample,
     batch_step_dir,
-    decode_batch,
     is_complete_batch,
     publish_batch,
     publish_batch_async,
+    read_batch_file,
     remove_partial_batches,
     shipped_steps,
 )
@@ -41,15 +40,15 @@ def sample(reward: float = 1.0) -> TrainSample:
     )
 
 
-def test_publish_creates_the_step_dir_with_batch_json(tmp_path: Path) -> None:
+def test_publish_creates_the_step_dir_with_batch_bin(tmp_path: Path) -> None:
     batches_dir = tmp_path / "run" / "batches"
     batch_dir = publish_batch(batches_dir, 7, [sample()])
     assert batch_dir == batches_dir / "step_000007" == batch_step_dir(batches_dir, 7)
     assert names(batches_dir) == ["step_000007"]
-    assert names(batch_dir) == [BATCH_FILE]
-    document = decode_batch((batch_dir / BATCH_FILE).read_bytes(), source="x")
-    assert document.step == 7
-    assert document.samples == (sample(),)
+    assert names(batch_dir) == [BATCH_FILE] == ["batch.bin"]
+    batch = read_batch_file(batch_dir / BATCH_FILE)
+    assert batch.step == 7
+    assert [s.train_sample() for s in batch.samples] == [sample()]
     assert shipped_steps(batches_dir) == [7]
     assert is_complete_batch(batch_dir)
 
@@ -89,9 +88,11 @@ def test_losing_a_publish_race_raises_batch_exists_and_cleans_up(tmp_path: Path)
     assert (tmp_path / "step_000004" / BATCH_FILE).read_text() == "rival"
 
 
-def test_publish_refuses_step_zero_and_leaves_nothing(tmp_path: Path) -> None:
+def test_publish_refuses_what_cannot_be_encoded_and_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="count from 1"):
         publish_batch(tmp_path, 0, [sample()])
+    with pytest.raises(ValueError, match=r"samples\[1\]: reward must be finite"):
+        publish_batch(tmp_path / "batches", 1, [sample(), sample(float("nan"))])
     assert names(tmp_path) == []
 
 
@@ -118,7 +119,7 @@ def test_a_crash_mid_publish_leaves_no_visible_batch(tmp_path: Path) -> None:
 
 def test_a_failed_write_removes_the_temp_dir(tmp_path: Path) -> None:
     with (
-        mock.patch("orchestrator.handoff.store.write_file_synced", side_effect=OSError(28, "full")),
+        mock.patch("orchestrator.handoff.store.write_layout", side_effect=OSError(28, "full")),
         pytest.raises(OSError, match="full"),
     ):
         publish_batch(tmp_path, 6, [sample()])
@@ -160,7 +161,7 @@ def test_remove_partial_batches_only_touches_temp_entries(tmp_path: Path) -> Non
 async def test_publish_batch_async_runs_in_a_thread(tmp_path: Path) -> None:
     limiter = trio.CapacityLimiter(1)
     batch_dir = await publish_batch_async(tmp_path, 2, [sample()], fsync=False, limiter=limiter)
-    assert json.loads((batch_dir / BATCH_FILE).read_text())["step"] == 2
+    assert read_batch_file(batch_dir / BATCH_FILE).step == 2
     with pytest.raises(BatchExists):
         await publish_batch_async(tmp_path, 2, [sample()])
 
@@ -177,3 +178,57 @@ def test_an_empty_dir_at_the_final_name_is_not_a_shipped_batch(tmp_path: Path) -
         publish_batch(tmp_path, 9, [sample()], fsync=False)
     assert names(tmp_path / "step_000009") == ["notes.txt"]
     assert names(tmp_path) == ["step_000008", "step_000009"]
+
+
+def test_a_short_write_is_resumed(tmp_path: Path) -> None:
+    # writev(2) may write less than asked (a signal, a full pipe, a quota): the writer
+    # goes on from the byte it stopped at, across buffer boundaries.
+    import os
+
+    real_writev = os.writev
+    calls: list[int] = []
+
+    def short_writev(fd: int, buffers: list[memoryview]) -> int:
+        calls.append(len(buffers))
+        whole = b"".join(bytes(b) for b in buffers)
+        return real_writev(fd, [whole[: max(1, len(whole) // 3)]])
+
+    samples = [sample(reward=float(i)) for i in range(40)]
+    with mock.patch("time.time", return_value=1234.5):
+        expected = publish_batch(tmp_path / "a", 1, samples, fsync=False)
+        with mock.patch("os.writev", short_writev):
+            got = publish_batch(tmp_path / "b", 1, samples, fsync=False)
+    assert len(calls) > 3
+    assert (got / BATCH_FILE).read_bytes() == (expected / BATCH_FILE).read_bytes()
+    assert read_batch_file(got / BATCH_FILE).samples[39].reward == 39.0
+
+
+def test_iovecs_are_chunked_under_iov_max(tmp_path: Path) -> None:
+    import os
+
+    real_writev = os.writev
+    counts: list[int] = []
+
+    def counting_writev(fd: int, buffers: list[memoryview]) -> int:
+        counts.append(len(buffers))
+        return real_writev(fd, buffers)
+
+    # 4 columns of 600 samples each: 2,400 buffers and more.
+    samples = [sample(reward=float(i)) for i in range(600)]
+    with mock.patch("os.writev", counting_writev):
+        batch_dir = publish_batch(tmp_path, 1, samples, fsync=False)
+    assert max(counts) <= os.sysconf("SC_IOV_MAX") and sum(counts) > 2400
+    assert len(read_batch_file(batch_dir / BATCH_FILE).samples) == 600
+
+
+def test_a_run_with_batches_of_the_old_json_format_is_not_resumed(tmp_path: Path) -> None:
+    from orchestrator.daemon.startup import find_start_point
+    from orchestrator.errors import UserError
+
+    batches_dir = tmp_path / "batches"
+    publish_batch(batches_dir, 1, [sample()], fsync=False)
+    assert find_start_point(batches_dir, tmp_path / "state").resume_step == 1
+    (batches_dir / "step_000002").mkdir()
+    (batches_dir / "step_000002" / "batch.json").write_text("{}")
+    with pytest.raises(UserError, match=r"old JSON format 1 \(step 2: batch\.json\)"):
+        find_start_point(batches_dir, tmp_path / "state")

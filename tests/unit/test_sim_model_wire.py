@@ -233,8 +233,8 @@ def test_prime_rl_and_upstream_choices_parse_to_the_same_turn(start: int) -> Non
     turns = [_parsed(primerl, start), _parsed(upstream, start)]
     for turn in turns:
         assert turn.poisoned is None
-        assert turn.completion_ids == tuple(completion.token_ids.tolist())
-        assert turn.logprobs == tuple(completion.logprobs.tolist())
+        assert turn.completion_ids.tolist() == completion.token_ids.tolist()
+        assert turn.logprobs.tolist() == completion.logprobs.tolist()
         assert turn.finish_reason == completion.finish_reason
         routed, pos = turn.inline["routed_experts"]
         assert pos == start

@@ -3,6 +3,7 @@ shared files between branches, the sweep, batch assembly (FIFO, pruning), and `r
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -11,6 +12,7 @@ import pytest
 from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult, Sample
 from orchestrator.core.sink import SinkLimits, SinkNotReady, TrainSink
 from orchestrator.core.staleness import Staleness
+from orchestrator.handoff import read_batch_file, write_batch_file
 
 # m = 2: batch 4 may hold groups that started at v1 or later.
 LIMITS = SinkLimits(
@@ -526,7 +528,7 @@ def test_counters_are_a_copy() -> None:
     assert sink.counters == counts(stale=1)
 
 
-def test_each_queued_sample_carries_its_groups_server_into_the_batch() -> None:
+def test_each_queued_sample_carries_its_groups_server_into_the_batch(tmp_path: Path) -> None:
     sink = TrainSink(LIMITS)
     server = "http://10.0.0.5:8000"
     pinned = attrs.evolve(group("g1", 3, simple("a", 1.0), simple("b", 0.0)), server=server)
@@ -536,4 +538,6 @@ def test_each_queued_sample_carries_its_groups_server_into_the_batch() -> None:
     batch, _ = sink.assemble(4)
 
     assert [q.server for q in batch] == [server, server, None, None]
-    assert [q.to_json().get("server") for q in batch] == [server, server, None, None]
+    write_batch_file(tmp_path / "batch.bin", 4, batch, created_at=0.0, fsync=False)
+    shipped = read_batch_file(tmp_path / "batch.bin").samples
+    assert [s.server for s in shipped] == [server, server, None, None]
