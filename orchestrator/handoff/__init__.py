@@ -7,8 +7,8 @@ trainer reads it (payload bytes included: `reader`'s `read_batch`, also exported
 `orchestrator.read_batch`) and then publishes `v{s}` as `<weights_dir>/step_NNNNNN/STABLE`
 (`weights`), or as `<weights_dir>/step_N/STABLE` in prime-rl's layout (`StepLayout`,
 `step_dirs`). The daemon keeps its own state next to them (`progress`: `progress.json` and
-the run lock). docs/batch-format.md describes the file byte for byte for trainers in other
-codebases.
+the run lock). docs/protocol.md#batches describes the hand-off and the file byte for byte
+for trainers in other codebases.
 """
 
 from orchestrator.core.rollouts import TrainSample as TrainSample

@@ -1,4 +1,4 @@
-"""Writing and mapping one `batch.bin` (the format is `format`'s; docs/batch-format.md).
+"""Writing and mapping one `batch.bin` (the format is `format`'s; docs/protocol.md#batches).
 
 The writer never builds the file in memory: it plans where every array goes, then hands
 the arrays' own buffers to `os.writev`, a few hundred at a time. The interpreter lock is

@@ -1,4 +1,4 @@
-"""The batch file format 2 (docs/batch-format.md): `batch.bin`, as pure values.
+"""The batch file format 2 (docs/protocol.md#batches): `batch.bin`, as pure values.
 
 One binary file per batch, all integers little-endian::
 

@@ -1,5 +1,5 @@
-"""The reference reader in docs/batch-format.md runs and agrees with read_batch, and the
-documented example is what the writer writes."""
+"""The reference reader in docs/protocol.md § Batches runs and agrees with read_batch, and
+the documented example is what the writer writes."""
 
 from __future__ import annotations
 
@@ -23,12 +23,18 @@ from orchestrator.payload import (
     write_payload_file,
 )
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "batch-format.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+
+
+def batches_section() -> str:
+    """The text of docs/protocol.md's `## Batches` section, up to the next `## ` heading."""
+    [section] = re.findall(r"^## Batches\n.*?(?=^## |\Z)", DOC.read_text(), flags=re.S | re.M)
+    return section
 
 
 def reference_reader() -> dict[str, Any]:
-    """Execute the documented reader; return its namespace."""
-    text = DOC.read_text()
+    """Execute the documented reader (found by its marker comment); return its namespace."""
+    text = batches_section()
     [code] = re.findall(r"```python\n(# reference reader.*?)```", text, flags=re.S)
     namespace: dict[str, Any] = {"__name__": "reference_reader"}
     exec(compile(code, str(DOC), "exec"), namespace)
@@ -122,7 +128,7 @@ def test_the_documented_reader_detects_corruption(tmp_path: Path) -> None:
 
 
 def test_the_documented_example_is_what_the_writer_writes() -> None:
-    text = DOC.read_text()
+    text = batches_section()
     segment = PayloadSegment(
         field="routed_experts",
         file="ebda645122dd470f9c659839fd37b470.bin",
@@ -183,3 +189,39 @@ def test_the_documented_example_is_what_the_writer_writes() -> None:
         (216, 16),
         (256, 32),
     ]
+    data = bytearray(layout.size)
+    data[: len(layout.prefix)] = layout.prefix
+    for offset, array in zip(layout.offsets, layout.arrays, strict=True):
+        start = layout.data_start + offset
+        data[start : start + array.size] = array.tobytes()
+    # The byte map: the header, the padding, and each array's first and last byte.
+    [header_end] = re.findall(r"bytes +16\.\.(\d+) +the header", text)
+    assert int(header_end) == 15 + header_len
+    [zeros] = re.findall(r"bytes +(\d+)\.\.(\d+) +zeros", text)
+    assert (int(zeros[0]), int(zeros[1])) == (16 + header_len, layout.data_start - 1)
+    refs = {name: header["columns"][name] for name in header["columns"]}
+    refs["routed_experts"] = header["samples"][1]["inline"]["routed_experts"]
+    expected_ranges = []
+    for ref in refs.values():
+        nbytes = int(np.prod(ref["shape"])) * np.dtype(ref["dtype"]).itemsize
+        start = layout.data_start + ref["offset"]
+        expected_ranges.append((start, start + nbytes - 1, ref["offset"]))
+    shown_ranges = [
+        tuple(int(n) for n in match)
+        for match in re.findall(r"bytes +(\d+)\.\.(\d+) .*\(offset (\d+)\)", text)
+    ]
+    assert shown_ranges == expected_ranges
+    # The columns' values, as shown.
+    [table] = re.findall(r"```\n(token_ids .*?)```", text, flags=re.S)
+    for line in table.splitlines():
+        name, *values = line.replace("|", " ").split()
+        ref = refs[name]
+        start = layout.data_start + ref["offset"]
+        column = np.frombuffer(data, dtype=ref["dtype"], count=ref["shape"][0], offset=start)
+        assert [float(value) for value in values] == column.tolist(), name
+
+
+def test_only_one_sentence_names_the_old_format() -> None:
+    text = batches_section()
+    assert "rollout-orchestrator.batch/1" not in text
+    assert text.count("batch.json") == 1
