@@ -17,6 +17,8 @@ SCRIPTS = [
     "system_throughput.py",
     "system_memory.py",
     "system_disk.py",
+    # Batches of 256 and 512 rollouts of ~4,500 tokens: lag, memory, batch write and read.
+    "system_scale.py",
     # The longest (builds 2 x 1,000,000 files): last.
     "system_startup.py",
 ]

@@ -104,11 +104,17 @@ def find_sink(state: RunState) -> TrainSink:
 
     `run_daemon` hands out only the `RunState`; the sink is reachable from the `Daemon`
     that refers to the same state, so the garbage collector's referrer list finds it
-    (a benchmark-only shortcut, run once).
+    (a benchmark-only shortcut, run once). The daemon freezes its start-up objects, the
+    `Daemon` among them, where `get_referrers` does not look: they are unfrozen for the
+    search and frozen again.
     """
-    for referrer in gc.get_referrers(state):
-        if isinstance(referrer, Daemon):
-            return referrer.sink
+    gc.unfreeze()
+    try:
+        for referrer in gc.get_referrers(state):
+            if isinstance(referrer, Daemon):
+                return referrer.sink
+    finally:
+        gc.freeze()
     raise RuntimeError("system_memory: no Daemon refers to the run state")
 
 

@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import attrs
+import numpy as np
+
+from orchestrator.core.arrays import ARRAY_EQ, token_array
 
 
 @attrs.frozen
@@ -21,7 +24,7 @@ class Prompt:
     """A task instance: the first turn's prompt tokens and what the reward needs."""
 
     prompt_id: str
-    token_ids: tuple[int, ...]
+    token_ids: np.ndarray = attrs.field(converter=token_array, eq=ARRAY_EQ, hash=False)
     # Hidden per-prompt difficulty in [0, 1]: probability that a completion scores.
     difficulty: float
 
@@ -66,6 +69,14 @@ def _score(prompt: Prompt, completion_ids: Sequence[int]) -> float:
     return 0.0
 
 
+def _prompt_tokens(rng: random.Random, length: int, vocab_size: int) -> np.ndarray:
+    """`length` token ids in ``1 .. vocab_size - 1``, drawn from a numpy generator seeded
+    by `rng` (deterministic given its state): a 4,000-token prompt in microseconds on the
+    event loop instead of milliseconds."""
+    generator = np.random.default_rng(rng.getrandbits(64))
+    return generator.integers(1, vocab_size, size=length, dtype=np.int32)
+
+
 @attrs.frozen
 class MathEnvironment:
     """Single turn: one prompt, one answer, a reward."""
@@ -77,7 +88,7 @@ class MathEnvironment:
 
     def draw_prompt(self, rng: random.Random) -> Prompt:
         length = rng.randint(self.prompt_len_min, self.prompt_len_max)
-        tokens = tuple(rng.randrange(1, self.vocab_size) for _ in range(length))
+        tokens = _prompt_tokens(rng, length, self.vocab_size)
         # A third of prompts are trivial or impossible: their groups have no signal.
         difficulty = rng.choice([0.0, 1.0, rng.random()])
         return Prompt(f"{self.name}-{rng.getrandbits(48):012x}", tokens, difficulty)
@@ -108,7 +119,7 @@ class ChatEnvironment:
 
     def draw_prompt(self, rng: random.Random) -> Prompt:
         length = rng.randint(self.prompt_len_min, self.prompt_len_max)
-        tokens = tuple(rng.randrange(1, self.vocab_size) for _ in range(length))
+        tokens = _prompt_tokens(rng, length, self.vocab_size)
         return Prompt(f"{self.name}-{rng.getrandbits(48):012x}", tokens, rng.random())
 
     def reply(

@@ -29,7 +29,12 @@ from orchestrator.core.samples import build_sample
 from orchestrator.core.sink import TrainSink
 from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon.http11 import HTTP11Client
-from orchestrator.daemon.inference_client import TurnFiles, check_turn_files, post_generate
+from orchestrator.daemon.inference_client import (
+    TurnFiles,
+    check_turn_files,
+    encode_generate_request,
+    post_generate,
+)
 from orchestrator.daemon.run_state import InflightGroup, RunState
 from orchestrator.daemon.server_pool import ServerPool
 from orchestrator.payload import RoutingShape, version_dir
@@ -223,14 +228,18 @@ class Dispatcher:
             if stop.is_set():
                 run.failed = "stopped: the group can no longer ship"
                 return run
-            body = build_generate_request(
-                request_id=f"{rollout_id}-t{turn_index}",
-                token_ids=run.tokens,
-                max_tokens=config.env.max_tokens,
-                seed=_seed(config.seed, rollout_id, turn_index),
-                payload_dir=payload_dir,
-                routing_start=routing_start if wants_routing else None,
-                model=config.inference.model,
+            # Encoded once, kept as bytes while the request is in flight (and retried): a
+            # list of thousands of Python ints would be work for every full collection.
+            body = encode_generate_request(
+                build_generate_request(
+                    request_id=f"{rollout_id}-t{turn_index}",
+                    token_ids=run.tokens,
+                    max_tokens=config.env.max_tokens,
+                    seed=_seed(config.seed, rollout_id, turn_index),
+                    payload_dir=payload_dir,
+                    routing_start=routing_start if wants_routing else None,
+                    model=config.inference.model,
+                )
             )
             try:
                 turn = await self._request_turn(
@@ -316,7 +325,7 @@ class Dispatcher:
     async def _request_turn(
         self,
         server: str,
-        body: dict[str, object],
+        body: bytes,
         prompt_len: int,
         routing_start: int,
         payload_dir: Path | None,

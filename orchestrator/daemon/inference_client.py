@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 import httpx
+import msgspec
 from payload_gc import PayloadRootFiles
 
 from orchestrator.core.turns import TurnOutput
@@ -107,12 +108,19 @@ def _transport_failure(url: str, exc: httpx.TransportError) -> InferenceFailure:
     return InferenceFailure(kind, f"{url}: {exc.__class__.__name__}")
 
 
-async def post_generate(client: HTTP11Client, url: str, body: Mapping[str, Any]) -> bytes:
-    """POST one generate request; the caller puts the deadline around it.
+def encode_generate_request(body: Mapping[str, Any]) -> bytes:
+    """The request's JSON bytes: msgspec encodes a 4,500-token body in tens of
+    microseconds on the event loop, where the standard library takes hundreds."""
+    return msgspec.json.encode(body)
+
+
+async def post_generate(client: HTTP11Client, url: str, body: bytes | Mapping[str, Any]) -> bytes:
+    """POST one generate request (`body` encoded already, or a JSON object); the caller
+    puts the deadline around it.
 
     Raises `InferenceFailure` for connection errors and non-200 answers.
     """
-    data = json.dumps(body, separators=(",", ":")).encode()
+    data = body if isinstance(body, bytes) else encode_generate_request(body)
     try:
         reply = await client.request("POST", url.rstrip("/") + GENERATE_PATH, data, JSON_HEADERS)
     except HTTPFailure as exc:

@@ -23,6 +23,7 @@ from orchestrator.core.sink import TrainSink
 from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.dispatcher import Dispatcher
 from orchestrator.daemon.http11 import HTTP11Client
+from orchestrator.daemon.inference_client import encode_generate_request
 from orchestrator.daemon.run import sink_limits
 from orchestrator.daemon.run_state import RunState
 from orchestrator.daemon.server_pool import ServerPool
@@ -117,7 +118,9 @@ async def test_a_server_answering_garbage_is_counted_not_retried_and_logged_once
                     routing_start=None,
                 )
                 with pytest.raises(InferenceFailure) as failure:
-                    await dispatcher._request_turn(url, body, 3, 0, None, trio.Event())
+                    await dispatcher._request_turn(
+                        url, encode_generate_request(body), 3, 0, None, trio.Event()
+                    )
                 assert failure.value.kind == "malformed"
 
     # Every request counted once, under its kind, in the counter the metrics and summary
