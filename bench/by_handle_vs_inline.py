@@ -219,13 +219,11 @@ def _equal_turns(rounds: dict[str, _Round], payload_dir: Path) -> int:
         rounds["handle"].turns, rounds["packed"].turns, rounds["upstream"].turns, strict=True
     ):
         assert handle is not None and packed is not None and upstream is not None
-        same = handle.completion_ids == packed.completion_ids == upstream.completion_ids
-        same = same and handle.logprobs == packed.logprobs
+        same = np.array_equal(handle.completion_ids, packed.completion_ids)
+        same = same and np.array_equal(packed.completion_ids, upstream.completion_ids)
         # Upstream's logprobs are JSON numbers of the float32 values prime-rl packs.
-        same = same and np.array_equal(
-            np.asarray(packed.logprobs, dtype=np.float32),
-            np.asarray(upstream.logprobs, dtype=np.float32),
-        )
+        same = same and np.array_equal(handle.logprobs, packed.logprobs)
+        same = same and np.array_equal(packed.logprobs, upstream.logprobs)
         same = same and set(handle.segments) == set(FIELDS)
         for field, segment in handle.segments.items():
             from_file = read_segment(payload_dir, segment)
