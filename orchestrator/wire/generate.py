@@ -48,6 +48,8 @@ SAMPLING_KEYS = frozenset(
 
 
 _MAX_TOKEN_ID = int(np.iinfo(TOKEN_DTYPE).max)
+#: The sampling temperature of every request (a trainer that replays the sampler needs it).
+SAMPLING_TEMPERATURE = 1.0
 
 
 class InferenceFailure(Exception):
@@ -91,7 +93,7 @@ def build_generate_request(
     """
     sampling: dict[str, Any] = {
         "max_tokens": max_tokens,
-        "temperature": 1.0,
+        "temperature": SAMPLING_TEMPERATURE,
         "top_p": 0.95,
         "top_k": 50,
         "seed": seed,
