@@ -9,7 +9,8 @@ Writing goes around Python objects: a micro batch of 50,000 tokens would be half
 million Python ints and floats for msgspec to walk. Each per-token list is encoded by
 numpy in one pass instead, every element in a fixed-width msgpack form (``uint 32`` for
 ids, ``float 32`` for reals, ``true``/``false``), which any msgpack decoder reads as
-the same values; the result is a list of buffers for `os.writev`. The structs below
+the same values; every field of `MicroBatch` is written, the unset ones nil, as msgspec
+writes an array-like struct. The result is a list of buffers for `os.writev`. The structs below
 follow prime-rl's field order, and decoding with them (what the local trainer does) is
 the check that the hand-made bytes are what msgspec means by those types.
 """
@@ -58,6 +59,7 @@ class MicroBatch(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
 
 
 _DECODER = msgspec.msgpack.Decoder(list[MicroBatch])
+_MICRO_BATCH_FIELDS = len(MicroBatch.__struct_fields__)
 _NIL = b"\xc0"
 
 
@@ -117,8 +119,8 @@ def _routed(routed: np.ndarray) -> list[bytes | np.ndarray]:
 
 def encode_micro_batch(batch: MicroBatchArrays) -> list[bytes | np.ndarray]:
     """One micro batch as prime-rl's `MicroBatch` in msgpack, as buffers in order."""
-    fields = 11 if batch.routed_experts is not None else 9
-    parts: list[bytes | np.ndarray] = [_array_header(fields)]
+    # All of prime-rl's fields, the unset ones nil, as msgspec writes an array-like struct.
+    parts: list[bytes | np.ndarray] = [_array_header(_MICRO_BATCH_FIELDS)]
     parts += _uints(batch.input_ids)
     parts += _bools(batch.loss_mask)
     parts += _floats(batch.advantages)
@@ -128,9 +130,13 @@ def encode_micro_batch(batch: MicroBatchArrays) -> list[bytes | np.ndarray]:
     parts += _floats(batch.temperatures)
     parts += _names(batch.env_names)
     parts.append(msgspec.msgpack.encode(list(batch.seq_lens)))
+    parts.append(_NIL)  # ref_logprobs
     if batch.routed_experts is not None:
-        parts.append(_NIL)  # ref_logprobs
         parts += _routed(batch.routed_experts)
+    else:
+        parts.append(_NIL)
+    # mm_kwargs, mm_token_type_ids, rl_weights, ce_weights, ref_kl_weights
+    parts.append(_NIL * (_MICRO_BATCH_FIELDS - 11))
     return parts
 
 
