@@ -32,12 +32,23 @@ def derived_values_comment(config: Config) -> str:
         f"#   payload root: {config.payload_root}",
         f"#   batches_dir:  {config.batches_dir}",
         f"#   weights_dir:  {config.weights_dir}",
+        f"#   ships:        {_ships(config)}",
         f"#   state_dir:    {config.state_dir}",
         f"#   reply cap:    {config.max_reply_bytes} bytes ({_how(inference.max_reply_bytes)})",
         f"#   reply budget: {config.max_buffered_reply_bytes} bytes "
         f"({_how(inference.max_buffered_reply_bytes)})",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _ships(config: Config) -> str:
+    trainer = config.trainer
+    if trainer.format == "native":
+        return "native batches (step_000007/batch.bin)"
+    return (
+        f"prime-rl micro batches (step_7/rank_R.bin for {trainer.data_world_size} data "
+        f"rank(s), {config.train_seq_len} tokens each)"
+    )
 
 
 def _how(configured: int) -> str:

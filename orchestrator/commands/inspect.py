@@ -33,8 +33,8 @@ from orchestrator.handoff import (
     Progress,
     load_progress,
     published_versions,
-    shipped_steps,
 )
+from orchestrator.handoff.formats import shipped_steps_in
 
 __all__ = [
     "DaemonLock",
@@ -217,6 +217,11 @@ def read_run_snapshot(config: Config, *, source: str = "the config") -> RunSnaps
         # load_progress says None for both; an operator needs to know which it is.
         problem = "unreadable" if (config.state_dir / PROGRESS_FILE).exists() else "missing"
     list_versions = functools.partial(published_versions, layout=config.trainer.weights_layout)
+    list_shipped = functools.partial(
+        shipped_steps_in,
+        batch_format=config.trainer.format,
+        data_world_size=config.trainer.data_world_size,
+    )
     return RunSnapshot(
         run_dir=config.run_dir,
         state_dir=config.state_dir,
@@ -225,7 +230,7 @@ def read_run_snapshot(config: Config, *, source: str = "the config") -> RunSnaps
         payload_root=config.payload_root,
         staleness=config.staleness,
         daemon=probe_daemon_lock(config.state_dir),
-        shipped_step=_last(_listed(shipped_steps, config.batches_dir, "batches")),
+        shipped_step=_last(_listed(list_shipped, config.batches_dir, "batches")),
         published_version=_last(_listed(list_versions, config.weights_dir, "weights")),
         progress=progress,
         progress_problem=problem,

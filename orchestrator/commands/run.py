@@ -78,8 +78,8 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
     from orchestrator.daemon.preflight import preflight
     from orchestrator.daemon.run import RunOutcome, run_daemon
     from orchestrator.daemon.server_pool import InferenceUnavailable
+    from orchestrator.daemon.shipping import shipped_steps_of
     from orchestrator.daemon.stop import Stop
-    from orchestrator.handoff import shipped_steps
     from orchestrator.logs import configure_logging
 
     config = config_from_args(args)
@@ -123,8 +123,7 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
             state.record_payload_bytes(on_disk)
         # A stop can land between a batch's rename into place and the daemon counting it:
         # the batch directories on disk are what was shipped (docs/design.md §5).
-        batches = config.batches_dir
-        shipped = shipped_steps(batches) if batches.is_dir() else []
+        shipped = shipped_steps_of(config) if config.batches_dir.is_dir() else []
         state.next_step = max(state.next_step, shipped[-1] + 1 if shipped else 1)
         log.info(
             "stopped",
@@ -150,6 +149,8 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
         last_step=outcome.state.next_step - 1,
         bound=outcome.state.bound,
         stopped=stopped,
+        batch_format=config.trainer.format,
+        data_world_size=config.trainer.data_world_size,
     )
     data = summary_data(
         outcome.state,

@@ -1,10 +1,13 @@
-"""`orchestrator sim-trainer --config FILE [--set KEY=VALUE ...] [--weights-layout LAYOUT]`:
-the local trainer.
+"""`orchestrator sim-trainer --config FILE [--set KEY=VALUE ...] [--weights-layout LAYOUT]
+[--format FORMAT] [--data-world-size N]`: the local trainer.
 
 Reads each batch the orchestrator ships (every payload byte, digests verified), then
 publishes the next version, until `max_steps` (0: until SIGINT/SIGTERM). Versions are
 published in the config's `trainer.weights_layout` unless `--weights-layout` says
-otherwise ("prime-rl": `step_7/STABLE`, as prime-rl's trainer writes them). Logs one line
+otherwise ("prime-rl": `step_7/STABLE`, as prime-rl's trainer writes them). It reads the
+config's `trainer.format` unless `--format` says otherwise: "prime-rl" stands in for
+prime-rl's trainer, reading `step_N/rank_R.bin` for `trainer.data_world_size` ranks
+(`--data-world-size`), and publishes in the "prime-rl" layout. Logs one line
 per step on stderr and keeps `<run_dir>/trainer/report.json` up to date. A sample with a
 corrupt payload is dropped (logged with its rollout and server) and the rest of its batch
 trained on. Exit status: 0 when no batch violated the hand-off (dropped corrupt samples
@@ -28,9 +31,11 @@ HELP = "run the local trainer: read each shipped batch's payloads, then publish 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--config FILE`, any number of `--set KEY=VALUE`, `--weights-layout`, `--log-json`."""
+    """`--config FILE`, any number of `--set KEY=VALUE`, `--weights-layout`, `--format`,
+    `--data-world-size`, `--log-json`."""
     from orchestrator.config import add_config_arguments
     from orchestrator.handoff import STEP_LAYOUTS
+    from orchestrator.handoff.formats import BATCH_FORMATS
 
     add_config_arguments(parser)
     parser.add_argument(
@@ -42,7 +47,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             " (prime-rl); default: the config's trainer.weights_layout"
         ),
     )
+    parser.add_argument(
+        "--format",
+        choices=BATCH_FORMATS,
+        default=None,
+        help=(
+            "read native batches (step_000007/batch.bin) or prime-rl's step_7/rank_R.bin,"
+            " publishing step_7/STABLE; default: the config's trainer.format"
+        ),
+    )
+    parser.add_argument(
+        "--data-world-size",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="prime-rl format: the data ranks to read; default: trainer.data_world_size",
+    )
     parser.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,7 +82,6 @@ def run(args: argparse.Namespace) -> int:
     Raises `UserError` (ConfigError) for a bad config, and for a batches, weights or
     report directory that cannot be created or written.
     """
-    import attrs
     import structlog
     import trio
 
@@ -59,9 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.logs import configure_logging
     from orchestrator.sim.fleet import sim_trainer_config
 
-    trainer_config = sim_trainer_config(config_from_args(args))
-    if args.weights_layout is not None:
-        trainer_config = attrs.evolve(trainer_config, weights_layout=args.weights_layout)
+    trainer_config = _with_flags(sim_trainer_config(config_from_args(args)), args)
     configure_logging(json_lines=True if args.log_json else None)
     try:
         stats = trio.run(_train_until_done_or_signal, trainer_config)
@@ -83,6 +111,27 @@ def run(args: argparse.Namespace) -> int:
         report=str(trainer_config.report_path),
     )
     return 1 if stats.violations else 0
+
+
+def _with_flags(config: SimTrainerConfig, args: argparse.Namespace) -> SimTrainerConfig:
+    """The config's trainer settings with the command line's flags applied. `--format
+    prime-rl` publishes in the prime-rl layout unless `--weights-layout` is given.
+    Raises UserError for a combination the trainer refuses."""
+    import attrs
+
+    batch_format = config.format if args.format is None else args.format
+    layout = config.weights_layout
+    if args.format == "prime-rl":
+        layout = "prime-rl"
+    if args.weights_layout is not None:
+        layout = args.weights_layout
+    ranks = config.data_world_size if args.data_world_size is None else args.data_world_size
+    try:
+        return attrs.evolve(
+            config, format=batch_format, weights_layout=layout, data_world_size=ranks
+        )
+    except ValueError as exc:
+        raise UserError(f"sim-trainer: {exc}") from None
 
 
 async def _train_until_done_or_signal(config: SimTrainerConfig) -> TrainerStats | None:

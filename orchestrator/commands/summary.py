@@ -1,7 +1,8 @@
 """The end-of-run summary and the invariants it checks (docs/design.md §11).
 
 Invariants, checked from what is on disk, not from what the daemon believes:
-- batches 1..N are contiguous: the complete batch directories are exactly `step_1..N`;
+- batches 1..N are contiguous: the complete batch directories (of the run's format:
+  `step_000007/batch.bin`, or prime-rl's `step_7/rank_R.bin`) are exactly steps 1..N;
 - the trainer saw no violation: no missing payload file, no unreadable batch (its report,
   when it wrote one). Samples it dropped for a corrupt payload are the inference servers'
   fault, not the daemon's: the detail counts them by server, but they fail nothing;
@@ -19,7 +20,7 @@ import attrs
 from payload_gc import PayloadGCError, RootMissing, human_bytes, scan_root
 
 from orchestrator.daemon.run_state import RunState
-from orchestrator.handoff import shipped_steps
+from orchestrator.handoff.formats import BatchFormat, shipped_steps_in
 
 
 @attrs.frozen
@@ -37,14 +38,21 @@ def check_invariants(
     last_step: int,
     bound: int | None,
     stopped: bool = False,
+    batch_format: BatchFormat = "native",
+    data_world_size: int = 1,
 ) -> list[Invariant]:
     """Check the run's invariants on disk. Blocking.
 
     `stopped`: the run was stopped by a signal. Requests it cancelled may still write
     files into versions below the bound, which the next collection removes (docs/design.md §3):
     what is left below the bound is then reported, but cannot be held against the run.
+    `batch_format` and `data_world_size` (`[trainer]`) say what a shipped step is.
     """
-    steps = shipped_steps(batches_dir) if batches_dir.exists() else []
+    steps = (
+        shipped_steps_in(batches_dir, batch_format=batch_format, data_world_size=data_world_size)
+        if batches_dir.exists()
+        else []
+    )
     expected = list(range(1, last_step + 1))
     contiguous = Invariant(
         "batches contiguous",

@@ -33,6 +33,7 @@ from orchestrator.config.reply_limits import (
     derived_max_reply_bytes,
 )
 from orchestrator.core.staleness import Staleness
+from orchestrator.handoff.formats import BATCH_FORMATS, BatchFormat
 from orchestrator.handoff.step_dirs import STEP_LAYOUTS, StepLayout
 from orchestrator.payload import RoutingShape
 
@@ -44,7 +45,7 @@ EnvName = Literal["mixed", "math", "chat"]
 # arrays inline, or by handle) or upstream vLLM (inline only, payload_dir ignored).
 SimReplyForm = Literal["prime-rl", "upstream"]
 SIM_REPLY_FORMS: tuple[SimReplyForm, ...] = ("prime-rl", "upstream")
-# How the trainer names its weights' step directories (batches are always "native").
+# How the trainer names its weights' step directories.
 WeightsLayout = StepLayout
 
 # Every local inference server listens on loopback, so together they are one host.
@@ -154,8 +155,17 @@ class TrainerConfig:
     """The file hand-off with the trainer (docs/design.md §5)."""
 
     # None: <run_dir>/batches and <run_dir>/weights (see Config.batches_dir/weights_dir).
+    # With prime-rl's trainer (format = "prime-rl"): batches_dir is its
+    # <output_dir>/rollouts and weights_dir its <output_dir>/broadcasts.
     batches_dir: Path | None = attrs.field(default=None, converter=_optional_absolute_path)
     weights_dir: Path | None = attrs.field(default=None, converter=_optional_absolute_path)
+    # What the daemon ships: "native" is ours, step_000007/batch.bin; "prime-rl" is what
+    # prime-rl's trainer reads, step_7/rank_R.bin per data rank (msgpack micro batches).
+    format: BatchFormat = attrs.field(default="native", validator=one_of(BATCH_FORMATS))
+    # prime-rl format: the trainer's data-parallel ranks, one rank_R.bin each.
+    data_world_size: int = attrs.field(default=1, validator=at_least(1))
+    # prime-rl format: tokens per micro batch (the trainer's seq_len); 0 is batch.max_seq_len.
+    seq_len: int = attrs.field(default=0, validator=at_least(0))
     # inotify does not see writes made on other hosts, so NFS needs polling.
     force_polling: bool = False
     poll_interval_s: float = attrs.field(default=1.0, validator=greater_than(0))
@@ -275,6 +285,7 @@ class Config:
         _check_directories(self)
         _check_routing_shape(self)
         _check_reply_limits(self)
+        _check_trainer_format(self)
 
     @property
     def payload_root(self) -> Path:
@@ -290,6 +301,12 @@ class Config:
     def weights_dir(self) -> Path:
         """Where the trainer publishes policies: `trainer.weights_dir`, or `<run_dir>/weights`."""
         return self.trainer.weights_dir or self.run_dir / "weights"
+
+    @property
+    def train_seq_len(self) -> int:
+        """The tokens of one prime-rl micro batch: `trainer.seq_len`, or
+        `batch.max_seq_len` when it is 0."""
+        return self.trainer.seq_len or self.batch.max_seq_len
 
     @property
     def state_dir(self) -> Path:
@@ -421,6 +438,24 @@ def _check_reply_limits(config: Config) -> None:
             "a reply at the cap could never be read",
             value=buffered,
             key="inference.max_buffered_reply_bytes",
+        )
+
+
+def _check_trainer_format(config: Config) -> None:
+    trainer = config.trainer
+    if trainer.format == "prime-rl" and trainer.weights_layout != "prime-rl":
+        raise InvalidValue(
+            f'requires trainer.weights_layout = "prime-rl" (got "{trainer.weights_layout}"): '
+            "prime-rl's trainer publishes its weights as broadcasts/step_N/STABLE",
+            value=trainer.format,
+            key="trainer.format",
+        )
+    if trainer.seq_len and trainer.seq_len < config.batch.max_seq_len:
+        raise InvalidValue(
+            f"must be 0 or >= batch.max_seq_len ({config.batch.max_seq_len}): "
+            "a micro batch must hold the longest sample the daemon ships",
+            value=trainer.seq_len,
+            key="trainer.seq_len",
         )
 
 

@@ -318,6 +318,19 @@ class TrainSink:
         deletable.extend(self._leave(pruned))
         return [queued.sample for queued in batch], sorted(set(deletable))
 
+    def unship(self, count: int) -> None:
+        """`count` samples of the last assembled batch did not ship after all: the writer
+        could not read their payload (prime-rl's hand-off reads it when it writes the
+        step). They are counted `untrainable` instead of shipped; their files stay pinned
+        for the version collector, like a shipped sample's.
+
+        Raises ValueError for a negative count or more than were shipped.
+        """
+        if not 0 <= count <= self._shipped:
+            raise ValueError(f"cannot unship {count} of {self._shipped} shipped samples")
+        self._shipped -= count
+        self._counters[Discard.UNTRAINABLE] += count
+
     def drop_all(self) -> list[str]:
         """Empty the queue (shutdown); return the files to delete.
 

@@ -44,10 +44,11 @@ from orchestrator.daemon.policy import PolicyWatcher
 from orchestrator.daemon.progress_report import ProgressReporter, Tally, serve_progress_report
 from orchestrator.daemon.run_state import RunState
 from orchestrator.daemon.server_pool import ProbeSettings, ServerPool, serve_health_prober
+from orchestrator.daemon.shipping import NothingToShip, ship_step
 from orchestrator.daemon.stall import Figures, StallWatch, serve_stall_watch
 from orchestrator.daemon.startup import find_start_point, wait_for_version, wipe_payload_root
 from orchestrator.daemon.stop import Stop
-from orchestrator.handoff import Progress, publish_batch_async, save_progress
+from orchestrator.handoff import Progress, save_progress
 
 log = structlog.get_logger("orchestrator")
 
@@ -134,25 +135,49 @@ class Daemon:
             step = state.next_step
             samples, pruned = sink.assemble(step)
             await self._delete(pruned, "discard")
-            batch_dir = await publish_batch_async(self.config.batches_dir, step, samples)
+            try:
+                shipment = await ship_step(self.config, step, samples)
+            except NothingToShip:
+                # Each sample was logged as it was dropped. The step stays next: new
+                # samples fill it again (the queue gave these up; their files stay pinned
+                # for the collector).
+                sink.unship(len(samples))
+                log.warning(
+                    "batch not shipped: no sample's payload could be read",
+                    step=step,
+                    dropped=len(samples),
+                )
+                state.notify()
+                continue
+            if shipment.dropped:
+                sink.unship(len(shipment.dropped))
             state.next_step = step + 1
             self.stall.shipped(trio.current_time(), self.figures())
             state.notify()
             await self.save_progress()
             await self._measure_payload()
             staleness = max(step - 1 - s.start_version for s in samples)
+            extra = (
+                {}
+                if shipment.micro_batches is None
+                else {
+                    "micro_batches_per_rank": shipment.micro_batches,
+                    "dropped": len(shipment.dropped),
+                }
+            )
             log.info(
                 "shipped batch",
                 step=step,
                 version=state.applied_version,
-                samples=len(samples),
+                samples=shipment.samples,
                 groups=len({s.group_id for s in samples}),
                 staleness=staleness,
                 discards=dict(sink.counters),
                 files_deleted=sum(state.files_deleted.values()),
                 payload_files=self._payload_files,
                 payload_bytes=state.payload_bytes,
-                batch=str(batch_dir),
+                batch=str(shipment.path),
+                **extra,
             )
 
     async def _measure_payload(self) -> None:
@@ -391,7 +416,13 @@ async def run_daemon(
     daemon = Daemon(config, state, TrainSink(sink_limits(config)))
     with trio.CancelScope(shield=True):  # a worker thread finishes it anyway
         start = await trio.to_thread.run_sync(
-            find_start_point, config.batches_dir, config.state_dir
+            functools.partial(
+                find_start_point,
+                config.batches_dir,
+                config.state_dir,
+                batch_format=config.trainer.format,
+                data_world_size=config.trainer.data_world_size,
+            )
         )
     if stop is not None:
         stop.watch(state, daemon.sink, first_step=start.resume_step + 1)

@@ -6,9 +6,11 @@ written and mapped by `batch_file`); the
 trainer reads it (payload bytes included: `reader`'s `read_batch`, also exported as
 `orchestrator.read_batch`) and then publishes `v{s}` as `<weights_dir>/step_NNNNNN/STABLE`
 (`weights`), or as `<weights_dir>/step_N/STABLE` in prime-rl's layout (`StepLayout`,
-`step_dirs`). The daemon keeps its own state next to them (`progress`: `progress.json` and
-the run lock). docs/protocol.md#batches describes the hand-off and the file byte for byte
-for trainers in other codebases.
+`step_dirs`). With `[trainer] format = "prime-rl"` the daemon ships prime-rl's trainer's
+own input instead, `<rollouts_dir>/step_N/rank_R.bin` per data rank (`primerl`; which
+format is shipped and what "shipped" means: `formats`). The daemon keeps its own state
+next to them (`progress`: `progress.json` and the run lock). docs/protocol.md#batches
+describes the hand-off and the file byte for byte for trainers in other codebases.
 """
 
 from orchestrator.core.rollouts import TrainSample as TrainSample

@@ -5,10 +5,11 @@ Batches (`<batches_dir>/step_000007/batch.bin`) and weights
 real directory holding its marker file, written last), so they live here once.
 
 The naming rule has two layouts. "native", ours, pads the step to 6 digits
-(`step_000007`); every batch uses it. "prime-rl" spells it without padding (`step_7`), as
-prime-rl's trainer names its `broadcasts/step_7/` weights directories
+(`step_000007`); native batches use it. "prime-rl" spells it without padding (`step_7`), as
+prime-rl names its `broadcasts/step_7/` weights and `rollouts/step_7/` input directories
 (`prime_rl.utils.pathing.get_step_path`), so the daemon can follow that trainer's weights
-directly (`[trainer] weights_layout`). Either way each step has exactly one spelling.
+(`[trainer] weights_layout`) and ship its input (`[trainer] format`). Either way each step
+has exactly one spelling.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -34,16 +35,39 @@ async def wait_for_batch(
     cancelled wait ends within 0.5 s. Raises OSError (FileNotFoundError when
     `batches_dir` is missing).
     """
-    batch_dir = batch_step_dir(batches_dir, step)
-    if await _is_shipped(batch_dir, limiter):
-        return batch_dir
+    return await wait_for_step_dir(
+        batches_dir,
+        batch_step_dir(batches_dir, step),
+        is_complete_batch,
+        force_polling=force_polling,
+        poll_interval_s=poll_interval_s,
+        limiter=limiter,
+    )
+
+
+async def wait_for_step_dir(
+    parent: Path,
+    step_dir: Path,
+    is_shipped: Callable[[Path], bool],
+    *,
+    force_polling: bool = False,
+    poll_interval_s: float = 1.0,
+    limiter: trio.CapacityLimiter | None = None,
+) -> Path:
+    """Wait until `is_shipped(step_dir)` (a blocking check, run in a worker thread) holds
+    for the step directory `step_dir` in `parent`; return `step_dir`. The same watching
+    and polling as `wait_for_batch`, for any step layout (prime-rl's trainer waits for its
+    `rollouts/step_7/rank_R.bin`). Raises OSError (FileNotFoundError when `parent` is
+    missing)."""
+    if await _is_shipped(step_dir, is_shipped, limiter):
+        return step_dir
     interval_ms = max(1, round(poll_interval_s * 1000))
     # The watcher's thread cannot be cancelled: it returns (and a cancelled wait ends)
     # only at its next timeout. Keep that short whatever the poll interval.
     wake_ms = min(interval_ms, _MAX_WAKE_MS)
     changes = watchfiles.awatch(
-        batches_dir,
-        # A shipped batch appears as one rename in batches_dir itself.
+        parent,
+        # A shipped step appears as one rename in the parent directory itself.
         recursive=False,
         force_polling=force_polling,
         poll_delay_ms=interval_ms,
@@ -55,13 +79,15 @@ async def wait_for_batch(
         # Report a change at once instead of grouping changes for up to 1.6 s.
         debounce=interval_ms,
     )
-    async with contextlib.aclosing(changes) as batches_dir_changes:
-        async for _ in batches_dir_changes:
-            if await _is_shipped(batch_dir, limiter):
-                return batch_dir
+    async with contextlib.aclosing(changes) as parent_changes:
+        async for _ in parent_changes:
+            if await _is_shipped(step_dir, is_shipped, limiter):
+                return step_dir
     # awatch only ends when its stop event is set, which we never do.
     raise AssertionError("watchfiles.awatch ended without being stopped")
 
 
-async def _is_shipped(batch_dir: Path, limiter: trio.CapacityLimiter | None) -> bool:
-    return await trio.to_thread.run_sync(is_complete_batch, batch_dir, limiter=limiter)
+async def _is_shipped(
+    step_dir: Path, is_shipped: Callable[[Path], bool], limiter: trio.CapacityLimiter | None
+) -> bool:
+    return await trio.to_thread.run_sync(is_shipped, step_dir, limiter=limiter)

@@ -59,6 +59,8 @@ def sim_trainer_config(config: Config) -> SimTrainerConfig:
         force_polling=config.trainer.force_polling,
         poll_interval_s=config.trainer.poll_interval_s,
         weights_layout=config.trainer.weights_layout,
+        format=config.trainer.format,
+        data_world_size=config.trainer.data_world_size,
         verify=True,
         report_path=config.run_dir / "trainer" / "report.json",
     )

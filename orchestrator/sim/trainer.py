@@ -17,6 +17,14 @@ counted as a **violation**, as is a batch that cannot be read at all (a malforme
 never a crash, and training goes on. Its `TrainerStats` are written as JSON to
 `report_path` after every step, so a test or the demo can check them from another
 process.
+
+With `format = "prime-rl"` it stands in for prime-rl's trainer instead: it waits for
+every `<batches_dir>/step_N/rank_R.bin` (R < `data_world_size`), decodes each as prime-rl
+does and checks every micro batch, and the routing rows against the payload files the
+step's manifest names (`orchestrator.sim.primerl_reader`); each problem is a violation.
+The samples the daemon dropped before shipping (an unreadable payload, listed in the
+manifest) are counted as dropped, a missing payload file among them as a violation too,
+as above. Then it publishes `<weights_dir>/step_N/STABLE`.
 """
 
 from __future__ import annotations
@@ -42,7 +50,11 @@ from orchestrator.handoff import (
     wait_for_batch,
 )
 from orchestrator.handoff.durable import replace_file_atomically
+from orchestrator.handoff.formats import BatchFormat
+from orchestrator.handoff.primerl import primerl_step_dir
+from orchestrator.handoff.wait import wait_for_step_dir
 from orchestrator.payload import BadSegment, PayloadCorrupt, PayloadError, PayloadMissing
+from orchestrator.sim.primerl_reader import ranks_ready, read_primerl_step
 
 log = structlog.get_logger("orchestrator.sim.trainer")
 
@@ -68,8 +80,11 @@ class SimTrainerConfig:
     `poll_interval_s` bounds how long a missed filesystem event can delay the trainer,
     and is the polling period with `force_polling` (NFS). `weights_layout` names the
     versions it publishes (and resumes after): "native" `step_000007`, or "prime-rl"
-    `step_7`, to stand in for prime-rl's trainer. Raises ValueError for negative times or
-    steps, or a poll interval that is not positive.
+    `step_7`, to stand in for prime-rl's trainer. `format` is what it reads: "native"
+    batches, or prime-rl's `step_N/rank_R.bin` for `data_world_size` ranks (which needs
+    the "prime-rl" weights layout, as prime-rl's trainer publishes). Raises ValueError
+    for negative times or steps, a poll interval or data world size that is not
+    positive, or the "prime-rl" format with another weights layout.
     """
 
     batches_dir: Path
@@ -81,6 +96,15 @@ class SimTrainerConfig:
     verify: bool = True
     report_path: Path | None = None
     weights_layout: StepLayout = "native"
+    format: BatchFormat = "native"
+    data_world_size: int = attrs.field(default=1, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.format == "prime-rl" and self.weights_layout != "prime-rl":
+            raise ValueError(
+                'the "prime-rl" format needs the "prime-rl" weights layout '
+                f"(prime-rl's trainer publishes step_N/STABLE), got {self.weights_layout!r}"
+            )
 
 
 @attrs.frozen
@@ -88,7 +112,9 @@ class Violation:
     """A batch the trainer could not read: which step, what kind, which file, why.
 
     `kind` is one of `payload_missing`, `payload_corrupt`, `bad_payload`, `bad_batch`,
-    `io_error`.
+    `io_error`; with the "prime-rl" format also `bad_micro_batch` (a micro batch breaks
+    prime-rl's rules, or disagrees with the step's manifest) and `routing_mismatch`
+    (routing rows differ from the payload files).
     """
 
     step: int
@@ -198,16 +224,7 @@ async def serve_trainer(
     step = latest + 1
     log.info("trainer started", first_step=step, max_steps=config.max_steps)
     while config.max_steps == 0 or step <= config.max_steps:
-        batch_dir = await wait_for_batch(
-            config.batches_dir,
-            step,
-            force_polling=config.force_polling,
-            poll_interval_s=config.poll_interval_s,
-            limiter=limiter,
-        )
-        read = await _in_thread(
-            functools.partial(_read_step, batch_dir, step, config.verify), limiter
-        )
+        read = await _wait_and_read(config, step, limiter)
         await trio.sleep(config.train_time_s)
         publish = functools.partial(
             publish_weights, config.weights_dir, step, layout=config.weights_layout
@@ -229,6 +246,33 @@ async def serve_trainer(
             violations=len(stats.violations),
         )
         step += 1
+
+
+async def _wait_and_read(
+    config: SimTrainerConfig, step: int, limiter: trio.CapacityLimiter
+) -> _StepRead:
+    """Wait for step `step` in the configured format, then read it."""
+    if config.format == "prime-rl":
+        step_dir = await wait_for_step_dir(
+            config.batches_dir,
+            primerl_step_dir(config.batches_dir, step),
+            functools.partial(ranks_ready, config.data_world_size),
+            force_polling=config.force_polling,
+            poll_interval_s=config.poll_interval_s,
+            limiter=limiter,
+        )
+        read = functools.partial(
+            _read_primerl_step, step_dir, step, config.data_world_size, config.verify
+        )
+        return await _in_thread(read, limiter)
+    batch_dir = await wait_for_batch(
+        config.batches_dir,
+        step,
+        force_polling=config.force_polling,
+        poll_interval_s=config.poll_interval_s,
+        limiter=limiter,
+    )
+    return await _in_thread(functools.partial(_read_step, batch_dir, step, config.verify), limiter)
 
 
 async def _in_thread(fn: Callable[[], _T], limiter: trio.CapacityLimiter) -> _T:
@@ -282,6 +326,34 @@ def _read_step(batch_dir: Path, step: int, verify: bool) -> _StepRead:
         if d.reason == "payload_missing"
     )
     return _StepRead(len(batch.samples), batch.payload_nbytes, violations, dropped)
+
+
+def _read_primerl_step(step_dir: Path, step: int, data_world_size: int, verify: bool) -> _StepRead:
+    """Read and check a prime-rl step; its problems become violations. Blocking."""
+    read = read_primerl_step(step_dir, step, data_world_size, verify=verify)
+    violations = [Violation(step, p.kind, p.file, p.message) for p in read.problems]
+    for problem in read.problems:
+        log.error(
+            "step violates the hand-off",
+            step=step,
+            kind=problem.kind,
+            file=problem.file,
+            error=problem.message,
+        )
+    dropped = []
+    for entry in read.dropped:
+        try:
+            sample = DroppedSample(**entry)
+        except TypeError as exc:
+            violations.append(
+                Violation(step, "bad_batch", str(step_dir), f"malformed dropped entry: {exc}")
+            )
+            continue
+        drop = _drop(step, sample)
+        dropped.append(drop)
+        if drop.reason == "payload_missing":
+            violations.append(Violation(step, drop.reason, drop.file, drop.message))
+    return _StepRead(read.samples, read.payload_bytes, tuple(violations), tuple(dropped))
 
 
 def _drop(step: int, sample: DroppedSample) -> Dropped:

@@ -10,6 +10,11 @@ must look as if nothing had happened: every batch shipped exactly once and never
 rewritten, the trainer read every payload, nothing below the bound is left, and nothing
 outside the payload root was touched.
 
+The same harness runs with `[trainer] format = "prime-rl"` (two data ranks, prime-rl's
+`rollouts/step_N/rank_R.bin` and `broadcasts/step_N/STABLE`, the local trainer standing in
+for prime-rl's), with fewer kills: every step's rank files appear at once, none is
+shipped twice or rewritten, and each resumed life continues after the last complete step.
+
 To reproduce a failure, run the same seed and `--kills`; the daemon's log of each life is
 in `<tmp_path>/logs/daemon-NNN.log`.
 """
@@ -44,8 +49,9 @@ from orchestrator.handoff import (
     PROGRESS_FILE,
     batch_step_dir,
     published_versions,
-    shipped_steps,
 )
+from orchestrator.handoff.formats import BatchFormat, shipped_steps_in
+from orchestrator.handoff.primerl import MANIFEST_FILE, primerl_step_dir, rank_file_name
 
 SEED = 20261129
 PHASES = ("startup", "dispatch", "batch", "collection")
@@ -114,22 +120,39 @@ class KillRecord:
 
 @attrs.define
 class BatchLedger:
-    """Each batch.bin's identity (inode, mtime) the first time it is seen; a shipped
-    batch is never rewritten, so the identity must never change."""
+    """Each batch's files' identities (inode, mtime) the first time it is seen: batch.bin,
+    or every rank file and the manifest of a prime-rl step. A shipped batch is never
+    rewritten, so the identities must never change."""
 
     batches_dir: Path
-    identities: dict[int, tuple[int, int]] = attrs.field(factory=dict)
+    batch_format: BatchFormat = "native"
+    data_world_size: int = 1
+    identities: dict[int, tuple[tuple[int, int], ...]] = attrs.field(factory=dict)
     rewritten: list[str] = attrs.field(factory=list)
+
+    def files(self, step: int) -> list[Path]:
+        if self.batch_format == "native":
+            return [batch_step_dir(self.batches_dir, step) / BATCH_FILE]
+        step_dir = primerl_step_dir(self.batches_dir, step)
+        ranks = [step_dir / rank_file_name(rank) for rank in range(self.data_world_size)]
+        return [*ranks, step_dir / MANIFEST_FILE]
+
+    def shipped(self) -> list[int]:
+        return shipped_steps_in(
+            self.batches_dir,
+            batch_format=self.batch_format,
+            data_world_size=self.data_world_size,
+        )
 
     def scan(self) -> int:
         """Record new batches, note rewritten ones; return the highest step shipped."""
-        for step in shipped_steps(self.batches_dir):
+        for step in self.shipped():
             try:
-                stat = (batch_step_dir(self.batches_dir, step) / BATCH_FILE).stat()
+                stats = [path.stat() for path in self.files(step)]
             except FileNotFoundError:
                 self.rewritten.append(f"batch {step} disappeared")
                 continue
-            identity = (stat.st_ino, stat.st_mtime_ns)
+            identity = tuple((stat.st_ino, stat.st_mtime_ns) for stat in stats)
             first = self.identities.setdefault(step, identity)
             if first != identity:
                 self.rewritten.append(f"batch {step}: {first} -> {identity}")
@@ -273,10 +296,28 @@ def version_of(relative: Path) -> int:
     return int(match.group(1)) if match and len(relative.parts) == 2 else -1
 
 
+def format_overrides(batch_format: BatchFormat, output_dir: Path) -> list[str]:
+    """The config of a run in `batch_format`: prime-rl's with two data ranks, shipping to
+    and following `output_dir`'s rollouts/ and broadcasts/, as with prime-rl's trainer."""
+    if batch_format == "native":
+        return []
+    return [
+        'trainer.format="prime-rl"',
+        'trainer.weights_layout="prime-rl"',
+        "trainer.data_world_size=2",
+        f'trainer.batches_dir="{output_dir / "rollouts"}"',
+        f'trainer.weights_dir="{output_dir / "broadcasts"}"',
+    ]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("batch_format", ["native", "prime-rl"])
 def test_sigkilled_daemon_resumes_without_loss_reshipping_or_stray_deletion(
-    tmp_path: Path, children: Children, kills: int
+    tmp_path: Path, children: Children, kills: int, batch_format: BatchFormat
 ) -> None:
+    if batch_format == "prime-rl":
+        # The same phases, two kills each by default: the writer differs, not the daemon.
+        kills = max(len(PHASES), kills * 2 // 5)
     rng = random.Random(SEED)
     plans = draw_kill_plans(rng, kills)
     # Enough steps that kills aimed at new batches do not run out of them: a life killed
@@ -297,6 +338,7 @@ def test_sigkilled_daemon_resumes_without_loss_reshipping_or_stray_deletion(
         "sim.trainer=false",
         urls_override([server.url for server in servers]),
         "inference.request_timeout_s=5.0",
+        *format_overrides(batch_format, tmp_path / "prime-rl-output"),
     )
     sentinel_beside = plant_tree(tmp_path / "beside-the-run")
     sentinel_inside = plant_tree(run_dir / "keep")
@@ -305,7 +347,7 @@ def test_sigkilled_daemon_resumes_without_loss_reshipping_or_stray_deletion(
     )
 
     files = RunFiles(config)
-    ledger = BatchLedger(config.batches_dir)
+    ledger = BatchLedger(config.batches_dir, config.trainer.format, config.trainer.data_world_size)
     records = run_lives(children, config_path, files, ledger, plans, max_steps)
 
     final = children.spawn(
@@ -335,11 +377,16 @@ def test_sigkilled_daemon_resumes_without_loss_reshipping_or_stray_deletion(
     assert report["violations"] == [], report["violations"]
     assert report["first_step"] == 1 and report["last_step"] == max_steps
     assert report["steps"] == max_steps
-    assert published_versions(config.weights_dir) == list(range(1, max_steps + 1))
+    layout = config.trainer.weights_layout
+    assert published_versions(config.weights_dir, layout=layout) == list(range(1, max_steps + 1))
 
     # Batches 1..N each shipped once: exactly those complete directories, none rewritten,
     # and no temp directory of a publish cut short is left.
-    assert shipped_steps(config.batches_dir) == list(range(1, max_steps + 1))
+    assert ledger.shipped() == list(range(1, max_steps + 1))
+    if batch_format == "prime-rl":
+        # Nothing but the steps, in prime-rl's spelling, each whole.
+        expected = sorted(f"step_{n}" for n in range(1, max_steps + 1))
+        assert sorted(os.listdir(config.batches_dir)) == expected
     assert ledger.rewritten == [], f"{ledger.rewritten}\n{killed}"
     assert not files.partial_batch_present()
 

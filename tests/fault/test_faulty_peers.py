@@ -20,7 +20,7 @@ import trio
 from _fault_kit import run_config, snapshot_tree
 from payload_gc import min_fresh_version
 
-import orchestrator.daemon.run as daemon_module
+import orchestrator.daemon.shipping as shipping_module
 from orchestrator.config import Config
 from orchestrator.core.rollouts import GroupResult
 from orchestrator.core.sink import TrainSink
@@ -88,7 +88,7 @@ def read_each_batch_as_shipped(monkeypatch: pytest.MonkeyPatch) -> dict[int, set
     which happens after this returns, so no collection can race the read.
     """
     rollout_ids: dict[int, set[str]] = {}
-    publish = daemon_module.publish_batch_async
+    publish = shipping_module.publish_batch_async
 
     async def publish_then_read(
         batches_dir: Path, step: int, samples: Sequence[TrainSample], **kwargs: Any
@@ -98,7 +98,7 @@ def read_each_batch_as_shipped(monkeypatch: pytest.MonkeyPatch) -> dict[int, set
         rollout_ids[step] = {sample.rollout_id for sample in batch.samples}
         return batch_dir
 
-    monkeypatch.setattr(daemon_module, "publish_batch_async", publish_then_read)
+    monkeypatch.setattr(shipping_module, "publish_batch_async", publish_then_read)
     return rollout_ids
 
 

@@ -45,9 +45,10 @@ async def test_a_missed_event_is_caught_by_the_periodic_check(
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr("watchfiles.awatch", _silent_watcher(calls))
 
-    async def check_in_loop(batch_dir: Path, limiter: object) -> bool:
+    async def check_in_loop(batch_dir: Path, is_shipped: object, limiter: object) -> bool:
         # The autojump clock jumps while a worker thread runs, which would move the
         # checks off their schedule: check on the loop (tmp_path is a local disk).
+        assert is_shipped is is_complete_batch
         return is_complete_batch(batch_dir)
 
     monkeypatch.setattr("orchestrator.handoff.wait._is_shipped", check_in_loop)

@@ -146,7 +146,7 @@ def test_multi_node_config_is_a_cluster_config(tmp_path: Path) -> None:
     assert load_config(CONFIGS / "multi-node.toml").payload.root is not None
 
 
-@pytest.mark.parametrize("name", ["demo.toml", "multi-node.toml"])
+@pytest.mark.parametrize("name", ["demo.toml", "multi-node.toml", "prime-rl.toml"])
 def test_every_key_of_the_shipped_configs_is_commented(name: str) -> None:
     # A newcomer reads these first: every key sits in a block that opens with a comment.
     lines = (CONFIGS / name).read_text(encoding="utf-8").splitlines()

@@ -96,7 +96,7 @@ def test_every_value_changed_round_trips(tmp_path: Path) -> None:
     assert reload(config, tmp_path) == config
 
 
-@pytest.mark.parametrize("name", ["demo.toml", "multi-node.toml"])
+@pytest.mark.parametrize("name", ["demo.toml", "multi-node.toml", "prime-rl.toml"])
 def test_shipped_configs_round_trip(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

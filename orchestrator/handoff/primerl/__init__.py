@@ -8,13 +8,45 @@ from orchestrator.handoff.primerl.rank_file import MicroBatch as MicroBatch
 from orchestrator.handoff.primerl.rank_file import RoutedExperts as RoutedExperts
 from orchestrator.handoff.primerl.rank_file import decode_rank_file as decode_rank_file
 from orchestrator.handoff.primerl.rank_file import encode_rank_file as encode_rank_file
+from orchestrator.handoff.primerl.store import MANIFEST_FILE as MANIFEST_FILE
+from orchestrator.handoff.primerl.store import MANIFEST_FORMAT as MANIFEST_FORMAT
+from orchestrator.handoff.primerl.store import NothingToShip as NothingToShip
+from orchestrator.handoff.primerl.store import PrimeRLStep as PrimeRLStep
+from orchestrator.handoff.primerl.store import (
+    is_complete_primerl_step as is_complete_primerl_step,
+)
+from orchestrator.handoff.primerl.store import primerl_step_dir as primerl_step_dir
+from orchestrator.handoff.primerl.store import publish_primerl_step as publish_primerl_step
+from orchestrator.handoff.primerl.store import (
+    publish_primerl_step_async as publish_primerl_step_async,
+)
+from orchestrator.handoff.primerl.store import rank_file_name as rank_file_name
+from orchestrator.handoff.primerl.store import (
+    remove_partial_primerl_steps as remove_partial_primerl_steps,
+)
+from orchestrator.handoff.primerl.store import shipped_primerl_steps as shipped_primerl_steps
+from orchestrator.handoff.primerl.store import (
+    unfinished_primerl_steps as unfinished_primerl_steps,
+)
 
 __all__ = [
+    "MANIFEST_FILE",
+    "MANIFEST_FORMAT",
     "MicroBatch",
     "MicroBatchArrays",
+    "NothingToShip",
     "PackedSample",
+    "PrimeRLStep",
     "RoutedExperts",
     "decode_rank_file",
     "encode_rank_file",
+    "is_complete_primerl_step",
     "pack_step",
+    "primerl_step_dir",
+    "publish_primerl_step",
+    "publish_primerl_step_async",
+    "rank_file_name",
+    "remove_partial_primerl_steps",
+    "shipped_primerl_steps",
+    "unfinished_primerl_steps",
 ]

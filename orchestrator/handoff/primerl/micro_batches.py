@@ -55,6 +55,11 @@ class MicroBatchArrays:
     `sequence_lengths` and `seq_lens` are the packed samples' lengths (prime-rl keeps
     both); `env_names` holds one name per position; `routed_experts` is
     ``[tokens, layers, top_k]`` in the widest dtype of the packed samples, or None.
+
+    Not part of prime-rl's `MicroBatch` (the rank file leaves them out):
+    `sample_indices` are the packed samples' indices in `pack_step`'s `samples`, in
+    order, so a writer can say which sample each sequence is; `padding` marks a
+    zero-loss copy (rule 3), which keeps its template's `sample_indices`.
     """
 
     input_ids: np.ndarray
@@ -66,6 +71,8 @@ class MicroBatchArrays:
     temperatures: np.ndarray
     env_names: tuple[tuple[str, int], ...]  # (name, positions) runs, in order
     routed_experts: np.ndarray | None = None
+    sample_indices: tuple[int, ...] = ()
+    padding: bool = False
 
     @property
     def tokens(self) -> int:
@@ -161,6 +168,7 @@ def _materialize(samples: Sequence[PackedSample], members: Sequence[int]) -> Mic
         temperatures=np.concatenate([s.temperatures for s in packed]),
         env_names=tuple((s.env_name, s.length) for s in packed),
         routed_experts=routed,
+        sample_indices=tuple(members),
     )
 
 
@@ -171,6 +179,7 @@ def _zero_loss(template: MicroBatchArrays) -> MicroBatchArrays:
         template,
         loss_mask=np.zeros_like(template.loss_mask),
         advantages=np.zeros_like(template.advantages),
+        padding=True,
     )
 
 
