@@ -183,7 +183,8 @@ def _read(dir_fd: int, name: str) -> bytes | None:
 def try_acquire(control_fd: int, root: str) -> HeldLock:
     """Take the lock of `root` (its control directory open as `control_fd`) once.
 
-    A stale lock (its process died on this host) is taken over. Raises `LockHeld` naming
+    A stale lock (its process died on this host) is taken over, with a warning naming who
+    held it and since when. Raises `LockHeld` naming
     the holder if another live collector (or one on another host) holds it, and
     `PayloadGCError` if the lock file cannot be written.
     """
@@ -198,6 +199,13 @@ def try_acquire(control_fd: int, root: str) -> HeldLock:
             holder = LockOwner.from_json(raw)
             if holder is not None and _is_stale(holder):
                 _break_stale(control_fd, raw)
+                log.warning(
+                    "took over the stale lock of %s: pid %d on %s held it since %s and is gone",
+                    root,
+                    holder.pid,
+                    holder.host,
+                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(holder.time)),
+                )
                 continue
             raise _held_error(control_fd, root, holder) from None
         except OSError as exc:

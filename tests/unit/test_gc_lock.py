@@ -88,10 +88,17 @@ def test_a_second_collector_gets_lock_held(tmp_path: Path, control_fd: int) -> N
     collect_below_sync(tmp_path, 5)
 
 
-def test_stale_lock_of_a_dead_pid_is_taken_over(tmp_path: Path) -> None:
+def test_stale_lock_of_a_dead_pid_is_taken_over(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / "v0").mkdir()
-    _write_lock(tmp_path, pid=_dead_pid(), start_ticks=None)
-    report = collect_below_sync(tmp_path, 1)
+    dead = _dead_pid()
+    _write_lock(tmp_path, pid=dead, start_ticks=None)
+    with caplog.at_level("WARNING", logger="payload_gc"):
+        report = collect_below_sync(tmp_path, 1)
+    # Said, with who held it and since when, not taken over without a word.
+    (line,) = [r.getMessage() for r in caplog.records if "stale lock" in r.getMessage()]
+    assert f"pid {dead} on {socket.gethostname()} held it since 20" in line
     assert [d.name for d in report.deleted] == ["v0"]
     assert not _lock_file(tmp_path).exists()
     assert sorted(p.name for p in (tmp_path / ".payload-gc").iterdir()) == ["audit.jsonl"]
