@@ -7,9 +7,8 @@ minutes). Two choices keep the workload's own noise from hiding what the criteri
 about, which is growth:
 
 - batches of 128 samples in groups of 8 (`--batch-size`, `--group-size`): rollouts differ
-  in size several times over (turns, completion lengths, prompt rows served from the
-  prefix cache), and with the demo's batches of 16 that alone moves the bytes on disk by
-  a quarter from step to step;
+  in size several times over (turns, prompt and completion lengths), and with the demo's
+  batches of 16 that alone moves the bytes on disk by a quarter from step to step;
 - a trainer step of 1 s (`--train-time`), as on a cluster, where a step takes minutes:
   with no train time the trainer, sharing a core with the servers, publishes versions at
   irregular moments, so the rollouts dispatched under one version range from a fraction
@@ -62,6 +61,7 @@ from _report import git_revision, machine, write_section
 from payload_gc import PayloadRootFiles, RootMissing, VersionDirMissing
 from system_fleet import (
     REPO,
+    CorePlan,
     ModelShape,
     demo_config,
     pin_self,
@@ -184,10 +184,13 @@ async def _run(overrides: list[str], label: str, steps: int) -> RunResult:
     return RunResult(samples, run.outcome, time.perf_counter() - started)
 
 
-def run_once(label: str, early_deletion: bool, args: argparse.Namespace, base: Path) -> RunResult:
+def run_once(
+    label: str, early_deletion: bool, args: argparse.Namespace, base: Path, cores: CorePlan
+) -> RunResult:
+    """One run; the fleet on `cores.fleet` (planned before this process pinned itself to
+    `cores.daemon`: planned afterwards, it would see one core and pin nothing)."""
     global EARLY
     EARLY = EarlyDeletions(enabled=early_deletion)
-    cores = plan_cores()
     extra = [
         f"max_steps={args.steps}",
         f"batch.size={args.batch_size}",
@@ -295,9 +298,9 @@ def main() -> int:
     command = "uv run --frozen --group bench python bench/system_disk.py " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="system-disk-", dir=args.dir) as tmp:
         base = Path(tmp)
-        as_built = run_once("as built", True, args, base)
+        as_built = run_once("as built", True, args, base, cores)
         early_bytes = sum(EARLY.bytes_by_version.values())
-        without = run_once("early deletion off", False, args, base)
+        without = run_once("early deletion off", False, args, base, cores)
     args.plot.parent.mkdir(parents=True, exist_ok=True)
     draw(as_built, without, args.plot)
     markdown = report(as_built, without, early_bytes, args, cores.describe(), command)

@@ -6,11 +6,11 @@ work (dispatch, HTTP client, stitching, admission, batch publishing, the
 collector) is what limits the rate. The daemon runs in this process, pinned to core 0;
 the servers (`orchestrator sim-inference`) and the trainer (`orchestrator sim-trainer`)
 are separate processes pinned to the other core. Every round is a fresh run with fresh
-servers (cold prefix caches alike). Three workloads, each with its own rounds: a
-production MoE with prompts of a few dozen tokens (the target's), the same with prompts
-of a few hundred, and a tiny model whose payloads cost next to nothing, which shows the
-daemon's fixed cost per rollout. Per workload, after an unreported warm-up round the
-modes alternate by handle, inline, inline, by handle, so drift hits both alike.
+servers. Three workloads, each with its own rounds: a production MoE with prompts of a
+few dozen tokens (the target's), the same with prompts of a few hundred, and a tiny
+model whose payloads cost next to nothing, which shows the daemon's fixed cost per
+rollout. Per workload, after an unreported warm-up round the modes alternate by handle,
+inline, inline, by handle, so drift hits both alike.
 
 Figures per mode: rollouts/s over the steady part of the round (from the first shipped
 batch to the last), and rollouts per CPU-second of the daemon's process, which is the
@@ -53,8 +53,9 @@ from system_fleet import (
 
 TARGET_ROLLOUTS_PER_S = 1000.0
 # The target's shape: a production MoE (48 layers, top-8 of 128 experts, as in
-# bench/by_handle_vs_inline.py). A tiny shape, whose payloads are a few hundred bytes,
-# shows the daemon's fixed cost per rollout, where inline payloads cost next to nothing.
+# bench/by_handle_vs_inline.py). A tiny shape, whose routing is a few hundred bytes a
+# rollout, shows the daemon's fixed cost per rollout, where inline payloads cost next to
+# nothing.
 
 
 @attrs.frozen
@@ -73,12 +74,13 @@ class Workload:
 
 SHAPES = {
     # The target's workload, short rollouts as the target asks: a production MoE, prompts
-    # of a few dozen tokens, inline payloads of a few KiB.
+    # of a few dozen tokens, inline payloads of some 16 KB a rollout (nearly all routing).
     "moe": Workload(ModelShape(), 16, 32),
     # Prompts of a few hundred tokens, still a tenth of the ~4.5k-token rollouts behind
-    # the target's fleet figure: inline payloads of a few hundred KiB.
+    # the target's fleet figure: inline payloads of some 230 KB a rollout.
     "moe-long": Workload(ModelShape(), 384, 512),
-    # Payloads of a few hundred bytes: the daemon's fixed cost per rollout.
+    # Inline payloads of some 1.5 KB a rollout (routing 0.4 KB of it, the rest the
+    # sampling masks, which do not grow with the model): the daemon's fixed cost per rollout.
     "tiny": Workload(ModelShape(layers=4, top_k=2, num_experts=16), 16, 32),
 }
 TARGET_SHAPE = "moe"
@@ -216,7 +218,7 @@ class Profile:
 
 
 def profile_round(args: argparse.Namespace, cores: CorePlan, base: Path) -> Profile:
-    """One by-handle round under pyinstrument (the main thread, sampled every 0.5 ms)."""
+    """One by-handle round under pyinstrument (the main thread, sampled every 1 ms)."""
     from pyinstrument import Profiler
 
     profiler = Profiler(interval=PROFILE_INTERVAL_S, async_mode="disabled")
@@ -394,18 +396,18 @@ def report(
         f"{args.max_inflight}, max_async_steps 2, {args.steps} batches per round, trainer with "
         f"zero train time; {args.servers} zero-latency `orchestrator sim-inference` "
         "processes. Three workloads: a production MoE with prompts of a few dozen tokens "
-        "(the target's short rollouts; inline payloads of a few KiB), the same model with "
-        "prompts of a few hundred tokens (still a tenth of the ~4.5k-token rollouts behind "
-        "the target's fleet figure; inline payloads of a few hundred KiB), and a tiny model "
-        "(payloads of a few hundred bytes: the daemon's fixed cost per rollout, where "
-        "inline costs next to nothing). Inline payloads grow with "
-        "tokens x layers x top-k; by handle, only the file checks and deletions are per "
-        f"file. Cores: {cores.describe()}. Each round is a fresh run with fresh "
-        "servers; per workload an unreported warm-up round, then by handle, inline, inline, by "
-        "handle. Rates cover the steady window from the first shipped batch to the last; "
-        "the CPU figure divides by the daemon process's own CPU time (every thread) in "
-        "that window, so it is the daemon's ceiling on one core whatever limits the wall "
-        "clock.",
+        "(the target's short rollouts; inline payloads of some 16 KB a rollout, nearly all "
+        "routing), the same model with prompts of a few hundred tokens (still a tenth of the "
+        "~4.5k-token rollouts behind the target's fleet figure; inline payloads of some "
+        "230 KB), and a tiny model (inline payloads of some 1.5 KB, routing 0.4 KB of it, "
+        "the rest sampling masks: the daemon's fixed cost per rollout, where inline costs "
+        "next to nothing). Inline routing grows with tokens x layers x top-k; by handle, "
+        f"only the file checks and deletions are per file. Cores: {cores.describe()}. Each "
+        "round is a fresh run with fresh servers; per workload an unreported warm-up round, "
+        "then by handle, inline, inline, by handle. Rates cover the steady window from the "
+        "first shipped batch to the last; the CPU figure divides by the daemon process's own "
+        "CPU time (every thread) in that window, so it is the daemon's ceiling on one core "
+        "whatever limits the wall clock.",
         "",
         *rows,
         "",
