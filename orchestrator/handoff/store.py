@@ -14,7 +14,7 @@ import functools
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import trio
@@ -66,26 +66,41 @@ def publish_batch(
     batches_dir.mkdir(parents=True, exist_ok=True)
     if is_complete_batch(final_dir):
         raise BatchExists(errno.EEXIST, "batch already shipped", str(final_dir))
-    temp_dir = batches_dir / temp_name(final_dir.name)
+    publish_step_dir(
+        final_dir,
+        lambda temp_dir: write_layout(temp_dir / BATCH_FILE, layout, fsync=fsync),
+        fsync=fsync,
+    )
+    return final_dir
+
+
+def publish_step_dir(final_dir: Path, fill: Callable[[Path], None], *, fsync: bool = True) -> None:
+    """Publish a step directory atomically: `fill` writes its files into a hidden temp
+    directory beside `final_dir`, which is fsynced, renamed to `final_dir`, and its parent
+    fsynced (with `fsync=False` the fsyncs are skipped). Blocking.
+
+    rename(2) replaces an *empty* directory but fails on a non-empty one, and a shipped
+    step is never empty, so a concurrent publisher loses here: `BatchExists`. On any
+    failure the temp directory is removed; a crash leaves at most a `.tmp-*` directory.
+    """
+    parent = final_dir.parent
+    temp_dir = parent / temp_name(final_dir.name)
     temp_dir.mkdir()
     try:
-        write_layout(temp_dir / BATCH_FILE, layout, fsync=fsync)
+        fill(temp_dir)
         if fsync:
             fsync_dir(temp_dir)
         try:
-            # rename(2) replaces an *empty* directory but fails on a non-empty one, and a
-            # shipped batch always holds batch.bin: so a concurrent publisher loses here.
             temp_dir.rename(final_dir)
         except OSError as exc:
             if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                raise BatchExists(errno.EEXIST, "batch already shipped", str(final_dir)) from None
+                raise BatchExists(errno.EEXIST, "step already shipped", str(final_dir)) from None
             raise
     except BaseException:
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise
     if fsync:
-        fsync_dir(batches_dir)
-    return final_dir
+        fsync_dir(parent)
 
 
 async def publish_batch_async(

@@ -50,7 +50,6 @@ import errno
 import functools
 import json
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,7 +62,7 @@ import trio
 
 from orchestrator.core.rollouts import TrainSample
 from orchestrator.handoff.batch_file import _write_all
-from orchestrator.handoff.durable import fsync_dir, temp_name, write_file_synced
+from orchestrator.handoff.durable import write_file_synced
 from orchestrator.handoff.primerl.micro_batches import MicroBatchArrays, PackedSample, pack_step
 from orchestrator.handoff.primerl.rank_file import encode_rank_file
 from orchestrator.handoff.reader import DroppedSample
@@ -73,7 +72,7 @@ from orchestrator.handoff.step_dirs import (
     parse_step_dir,
     step_dir,
 )
-from orchestrator.handoff.store import BatchExists, remove_partial_batches
+from orchestrator.handoff.store import BatchExists, publish_step_dir, remove_partial_batches
 from orchestrator.payload import (
     BadSegment,
     PayloadCorrupt,
@@ -243,9 +242,8 @@ def publish_primerl_step(
     rank_entries = [[_micro_batch_entry(batch, kept) for batch in rank] for rank in ranks]
     micro_batches = len(ranks[0])
     tokens = sum(batch.tokens for rank in ranks for batch in rank)
-    temp_dir = rollouts_dir / temp_name(final_dir.name)
-    temp_dir.mkdir()
-    try:
+
+    def fill(temp_dir: Path) -> None:
         sizes = []
         for rank in range(len(ranks)):
             path = temp_dir / rank_file_name(rank)
@@ -255,21 +253,8 @@ def publish_primerl_step(
             step, rank_entries, sizes, kept, dropped, seq_len=seq_len, env_name=env_name
         )
         write_file_synced(temp_dir / MANIFEST_FILE, manifest, fsync=fsync)
-        if fsync:
-            fsync_dir(temp_dir)
-        try:
-            # rename(2) replaces an empty directory and fails on a non-empty one: a step
-            # shipped (or anything else written) under the name meanwhile wins.
-            temp_dir.rename(final_dir)
-        except OSError as exc:
-            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                raise BatchExists(errno.EEXIST, "step already shipped", str(final_dir)) from None
-            raise
-    except BaseException:
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        raise
-    if fsync:
-        fsync_dir(rollouts_dir)
+
+    publish_step_dir(final_dir, fill, fsync=fsync)
     return PrimeRLStep(
         path=final_dir,
         samples=len(kept),
