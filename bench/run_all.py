@@ -19,6 +19,9 @@ SCRIPTS = [
     "system_disk.py",
     # Batches of 256 and 512 rollouts of ~4,500 tokens: lag, memory, batch write and read.
     "system_scale.py",
+    # Version detection and collection on sshfs over loopback, with and without caches
+    # (needs root and /dev/fuse; only the local disk is measured where it cannot mount).
+    "system_netmount.py",
     # The longest (builds 2 x 1,000,000 files): last.
     "system_startup.py",
 ]

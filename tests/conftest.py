@@ -1,10 +1,21 @@
-"""Shared by every test: logging configured by one test never leaks into the next, and
-the `bind_mount` fixture for the tests of mount points."""
+"""Shared by every test: logging configured by one test never leaks into the next, the
+`bind_mount` fixture for the tests of mount points, and the network-mount test mode.
+
+**The network-mount mode.** `ORCH_TEST_NETMOUNT=cache` (or `nocache`) puts the `tmp_path`
+of every test in `tests/integration`, `tests/fault` and `tests/netmount`, and so their
+payload roots, run directories, batches and weights, on a FUSE network filesystem: sshfs
+over loopback, mounted once for the session by `tests/netmount/mount.sh` (with sshfs's
+caches, or without) and taken down by `umount.sh` at the end. Where it cannot be mounted
+(not root, no /dev/fuse, no package), those tests are skipped with the script's reason.
+`make test-netmount` runs both modes.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -13,6 +24,92 @@ import pytest
 import structlog
 
 BindMount = Callable[[Path, Path], AbstractContextManager[None]]
+
+NETMOUNT_ENV = "ORCH_TEST_NETMOUNT"
+NETMOUNT_MODES = ("cache", "nocache")
+NETMOUNT_SCRIPTS = Path(__file__).resolve().parent / "netmount"
+# The test directories whose `tmp_path` the mode moves onto the mount.
+NETMOUNT_SUITES = ("integration", "fault", "netmount")
+# Installing sshfs and openssh-server on a fresh machine takes a while.
+_MOUNT_DEADLINE_S = 600
+
+
+def netmount_mode() -> str | None:
+    """The network-mount mode asked for (`ORCH_TEST_NETMOUNT`), or None when it is off."""
+    return os.environ.get(NETMOUNT_ENV) or None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    mode = netmount_mode()
+    if mode is not None and mode not in NETMOUNT_MODES:
+        raise pytest.UsageError(
+            f"{NETMOUNT_ENV}={mode!r}: one of {', '.join(NETMOUNT_MODES)}, or unset"
+        )
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    mode = netmount_mode()
+    if mode is None:
+        return None
+    suites = ", ".join(f"tests/{suite}" for suite in NETMOUNT_SUITES)
+    return f"{NETMOUNT_ENV}={mode}: tmp_path of {suites} on sshfs over loopback"
+
+
+@pytest.fixture(scope="session")
+def netmount_point() -> Iterator[Path]:
+    """The session's sshfs mount point (`tests/netmount/mount.sh <mode>`), unmounted at
+    the end. Skips every test that needs it, with the script's reason, where it cannot be
+    mounted. Only for the network-mount mode."""
+    mode = netmount_mode()
+    if mode is None:
+        raise RuntimeError(f"netmount_point is only used with {NETMOUNT_ENV} set")
+    try:
+        done = subprocess.run(
+            [str(NETMOUNT_SCRIPTS / "mount.sh"), mode],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=_MOUNT_DEADLINE_S,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"{NETMOUNT_ENV}={mode}: mount.sh took over {_MOUNT_DEADLINE_S} s")
+    if done.returncode != 0:
+        reason = done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
+        pytest.skip(f"{NETMOUNT_ENV}={mode}: {reason[0]}")
+    mount_point = Path(done.stdout.strip().splitlines()[-1])
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(
+            [str(NETMOUNT_SCRIPTS / "umount.sh"), str(mount_point)],
+            check=True,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+def on_netmount(request: pytest.FixtureRequest) -> bool:
+    """Whether this test's `tmp_path` is on the network mount."""
+    if netmount_mode() is None:
+        return False
+    tests = Path(__file__).resolve().parent
+    try:
+        suite = Path(request.node.path).resolve().relative_to(tests).parts[0]
+    except ValueError:
+        return False
+    return suite in NETMOUNT_SUITES
+
+
+@pytest.fixture
+def tmp_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """pytest's own `tmp_path`, or in the network-mount mode (for the suites it covers) a
+    fresh directory on the mount."""
+    if not on_netmount(request):
+        return tmp_path
+    mount_point: Path = request.getfixturevalue("netmount_point")
+    name = re.sub(r"\W", "_", request.node.name)[:40]
+    path = mount_point / f"{name}-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    return path
 
 
 @pytest.fixture(autouse=True)

@@ -3,10 +3,16 @@
 A payload root holds one directory per policy version, `<root>/v<k>/`. Once no unread
 batch can reference version `k` any more (`k < min_fresh_version(s + 1, m)` after `v{s}`
 is applied everywhere), `collect_below` deletes those directories without ever following
-a link or leaving the root's filesystem. `wipe_root` empties a root for a fresh run.
+a link or leaving the root's filesystem, and without looking at the versions it keeps.
+Busy files (deleted while still open: `.nfs<hex>`, `.fuse_hidden<hex>`) are left, and
+their directories retried by the next collection. An entry that vanished meanwhile
+(`is_vanished`: `ENOENT`, or `ESTALE` on NFS and FUSE mounts) counts as deleted.
+`wipe_root` empties a root for a fresh run.
 """
 
+from ._busy import is_busy_name
 from ._collect import (
+    BusyDir,
     CollectionError,
     CollectionReport,
     DeletedDir,
@@ -27,6 +33,7 @@ from ._plan import (
 )
 from ._render import human_bytes, plan_json, render_plan, render_report, report_json
 from ._scan import plan_root, scan_root
+from ._vanished import is_vanished
 from ._version_files import (
     BadFileName,
     FileRemoval,
@@ -42,6 +49,7 @@ from ._wipe import WipeReport, init_root, wipe_root, wipe_root_async
 
 __all__ = [
     "BadFileName",
+    "BusyDir",
     "CollectionError",
     "CollectionPlan",
     "CollectionReport",
@@ -66,6 +74,8 @@ __all__ = [
     "collect_below_sync",
     "human_bytes",
     "init_root",
+    "is_busy_name",
+    "is_vanished",
     "min_fresh_version",
     "parse_version",
     "plain_name_problem",

@@ -16,11 +16,13 @@ import attrs
 import trio
 
 from ._audit import append_audit, utc_timestamp
+from ._busy import busy_text
 from ._lock import HeldLock, open_control_dir, release_and_close, try_acquire, wait_for_lock
 from ._mounts import MountId, fd_mount_id
 from ._plan import CollectionPlan, KeepReason, KeptEntry, PlannedDeletion, plan_collection
-from ._scan import list_root
+from ._scan import list_for_bound
 from ._tree import MOUNT_POINT_LEFT, Tally, open_root, remove_tree
+from ._vanished import is_vanished
 from ._versions import format_bound
 
 log = logging.getLogger("payload_gc")
@@ -37,6 +39,28 @@ class DeletedDir:
 
 
 @attrs.frozen
+class BusyDir:
+    """A version directory a collection left in place only because of busy files: files
+    deleted while still open somewhere, which NFS (`.nfs<hex>`) and FUSE
+    (`.fuse_hidden<hex>`) keep under a hidden name until closed. Not a failure: the
+    directory is below the bound, so the next collection tries again.
+
+    `files` and `bytes` are what was deleted from it; `busy` counts the busy files,
+    `paths` names the first few (relative to the root)."""
+
+    name: str
+    version: int
+    files: int
+    bytes: int
+    busy: int
+    paths: tuple[str, ...]
+
+    @property
+    def message(self) -> str:
+        return f"{busy_text(self.busy, self.paths)}; the next collection tries again"
+
+
+@attrs.frozen
 class CollectionError:
     """Something a collection could not delete: `name` is the direct child of the root
     it happened in (or `audit log`), `message` one line naming paths and causes."""
@@ -50,7 +74,8 @@ class CollectionReport:
     """What one collection of `root` at `bound` did.
 
     `files` and `bytes` count everything removed, including the parts of directories that
-    could not be removed entirely (those are in `errors`).
+    could not be removed entirely (those are in `errors`, or in `busy` when only busy
+    files kept them: not counted as deleted, never as files).
     """
 
     root: str
@@ -61,6 +86,7 @@ class CollectionReport:
     files: int
     bytes: int
     duration_s: float
+    busy: tuple[BusyDir, ...] = ()
 
     @property
     def dirs(self) -> int:
@@ -68,8 +94,12 @@ class CollectionReport:
 
     @property
     def outcome(self) -> str:
-        """`complete`, or `partial` when anything could not be deleted."""
-        return "partial" if self.errors else "complete"
+        """`complete`; `busy` when the only things left below the bound are directories
+        holding busy files (retried by the next collection); `partial` when anything
+        else could not be deleted."""
+        if self.errors:
+            return "partial"
+        return "busy" if self.busy else "complete"
 
 
 def check_workers(max_workers: int) -> None:
@@ -129,7 +159,9 @@ class _Session:
         self.started_wall = time.time()
 
     def plan(self, bound: int) -> CollectionPlan:
-        entries = list_root(self.root_fd, measure=False, root_mount=self.root_mount)
+        # Only the root's listing, and a mount check of each directory to delete: no
+        # kept version is entered or stat-ed (docs/design.md §8).
+        entries = list_for_bound(self.root_fd, bound, root_mount=self.root_mount)
         return plan_collection(entries, bound)
 
     def remove(self, deletion: PlannedDeletion) -> _Removal:
@@ -137,9 +169,9 @@ class _Session:
         tally = Tally()
         try:
             mode = os.stat(deletion.name, dir_fd=self.root_fd, follow_symlinks=False).st_mode
-        except FileNotFoundError:
-            return _Removal(deletion, gone=True, tally=tally)
         except OSError as exc:
+            if is_vanished(exc):
+                return _Removal(deletion, gone=True, tally=tally)
             tally.problem(f"{deletion.name}: {exc.strerror}")
             return _Removal(deletion, gone=False, tally=tally)
         if stat.S_ISLNK(mode):
@@ -147,11 +179,10 @@ class _Session:
             # counts as no files.
             try:
                 os.unlink(deletion.name, dir_fd=self.root_fd)
-            except FileNotFoundError:
-                pass
             except OSError as exc:
-                tally.problem(f"{deletion.name}: {exc.strerror}")
-                return _Removal(deletion, gone=False, tally=tally)
+                if not is_vanished(exc):
+                    tally.problem(f"{deletion.name}: {exc.strerror}")
+                    return _Removal(deletion, gone=False, tally=tally)
             return _Removal(deletion, gone=True, tally=tally)
         if not stat.S_ISDIR(mode):
             # Replaced by a file since the plan: files named like versions stay.
@@ -187,6 +218,8 @@ class _Session:
         }
         if report.errors:
             record["errors"] = [f"{e.name}: {e.message}" for e in report.errors]
+        if report.busy:
+            record["busy"] = [f"{b.name}: {b.message}" for b in report.busy]
         try:
             append_audit(self.control_fd, record)
         except OSError as exc:
@@ -213,6 +246,7 @@ def _report(
     root: str, plan: CollectionPlan, removals: Iterable[_Removal], duration_s: float
 ) -> CollectionReport:
     deleted: list[DeletedDir] = []
+    busy: list[BusyDir] = []
     kept = list(plan.keep)
     # A mount point below the bound stays (never entered): the root is not fully
     # collected, so it counts as an error like a directory that could not be deleted.
@@ -230,6 +264,11 @@ def _report(
             deleted.append(DeletedDir(d.name, d.version, tally.files, tally.bytes))
         elif removal.kept is not None:
             kept.append(KeptEntry(d.name, removal.kept, d.version, None))
+        elif tally.busy_count and not tally.problem_count:
+            paths = tuple(tally.busy_paths)
+            busy.append(
+                BusyDir(d.name, d.version, tally.files, tally.bytes, tally.busy_count, paths)
+            )
         if tally.problem_count:
             errors.append((d.version, CollectionError(d.name, tally.summary())))
     return CollectionReport(
@@ -241,6 +280,7 @@ def _report(
         files=files,
         bytes=size,
         duration_s=duration_s,
+        busy=tuple(busy),
     )
 
 
@@ -250,13 +290,16 @@ def collect_below_sync(
     """Delete every direct child `v<k>` of `root` with `k < bound`, in up to
     `max_workers` threads (one version directory per thread at a time).
 
-    Follows the rules of docs/design.md §8: no symbolic link is followed (a link named like a
-    version is unlinked), no mount point is entered (another filesystem or a bind mount
-    of the root's own, told apart by mount id), missing files count as deleted, and one
-    audit line is appended. A directory that cannot be deleted entirely (e.g. permission
+    Follows the rules of docs/design.md §8: only the root is listed (no kept version is
+    entered or stat-ed), no symbolic link is followed (a link named like a version is
+    unlinked), no mount point is entered (another filesystem or a bind mount of the
+    root's own, told apart by mount id), missing files count as deleted, and one audit
+    line is appended. A directory that cannot be deleted entirely (e.g. permission
     denied, or a mount point inside it) and a `v<k>` below the bound that is itself a
-    mount point (left in place) are reported in `errors` (outcome `partial`); the rest
-    is still collected.
+    mount point (left in place) are reported in `errors` (outcome `partial`); a
+    directory left only because it holds busy files (deleted while open: `.nfs<hex>`,
+    `.fuse_hidden<hex>`) is reported in `busy` (outcome `busy`), not as an error; the
+    rest is still collected.
 
     Raises `RootMissing`, `RootRefused` (a symbolic link or not a directory), `LockHeld`
     (another collector is running: this call does not wait), `PayloadGCError` (the

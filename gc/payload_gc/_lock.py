@@ -7,6 +7,13 @@ over; a lock from another host cannot be checked and is reported.
 
 The lock prevents duplicate work and interleaved audit lines; deletion itself stays
 correct without it, because a missing file counts as deleted.
+
+Nothing of the collector's own is left in the control directory: every descriptor on a
+file of ours is closed before that file is unlinked (a file unlinked while open would
+stay behind on NFS and FUSE as a busy `.nfs*`/`.fuse_hidden*` file), a stale lock moved
+aside is removed by whoever moved it, and one left by a collector that died in between
+is removed by the next holder of the lock. Busy files in the control directory (another
+process's, still open) are left alone: their filesystem removes them once closed.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import logging
 import os
 import secrets
 import socket
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +34,7 @@ import trio
 from ._errors import LockHeld, PayloadGCError
 from ._layout import CONTROL_DIR_NAME, LOCK_NAME
 from ._tree import DIR_FLAGS
+from ._vanished import is_vanished
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -40,6 +49,11 @@ _ATTEMPTS = 3
 #: written by a collector that is just starting: it is reported as such, never as one to
 #: delete.
 STARTING_GRACE_S = 10.0
+#: A stale lock moved aside (`lock.stale-<hex>`) is removed by the collector that moved
+#: it within microseconds; one this old (by its change time) was left by a collector
+#: that died in between, and is removed by the next holder of the lock.
+ASIDE_GRACE_S = 60.0
+_ASIDE_PREFIX = f"{LOCK_NAME}.stale-"
 
 
 @attrs.frozen
@@ -132,14 +146,16 @@ class HeldLock:
 
     def release(self) -> None:
         """Remove the lock file if it is still ours (a lock broken as stale by mistake
-        and re-taken by another collector is left alone)."""
+        and re-taken by another collector is left alone). The file is read through a
+        descriptor that is closed again before the unlink."""
         raw = _read(self.control_fd, LOCK_NAME)
         held = None if raw is None else LockOwner.from_json(raw)
         if held is not None and held.token == self.owner.token:
             try:
                 os.unlink(LOCK_NAME, dir_fd=self.control_fd)
-            except FileNotFoundError:
-                pass
+            except OSError as exc:
+                if not is_vanished(exc):
+                    raise
 
 
 def release_and_close(lock: HeldLock | None, *fds: int) -> None:
@@ -172,8 +188,10 @@ def open_control_dir(root_fd: int, root: str) -> int:
 def _read(dir_fd: int, name: str) -> bytes | None:
     try:
         fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return None
+    except OSError as exc:
+        if is_vanished(exc):
+            return None
+        raise
     try:
         return os.read(fd, 4096)
     finally:
@@ -216,31 +234,58 @@ def try_acquire(control_fd: int, root: str) -> HeldLock:
             os.write(fd, (owner.to_json() + "\n").encode())
         finally:
             os.close(fd)
+        _remove_left_asides(control_fd)
         return HeldLock(control_fd, owner)
     raise _held_error(control_fd, root, None)
+
+
+def _remove_left_asides(control_fd: int) -> None:
+    """Remove stale locks moved aside by a collector that died before removing them
+    (older than `ASIDE_GRACE_S`). Called holding the lock; never raises. Nothing else in
+    the control directory is touched: not the audit log, and not busy files."""
+    try:
+        names = os.listdir(control_fd)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        if not name.startswith(_ASIDE_PREFIX):
+            continue
+        try:
+            st = os.stat(name, dir_fd=control_fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and now - st.st_ctime > ASIDE_GRACE_S:
+                os.unlink(name, dir_fd=control_fd)
+        except OSError:
+            continue
 
 
 def _break_stale(control_fd: int, stale: bytes) -> None:
     """Remove a stale lock whose content was `stale`, without removing a live lock that
     another collector may have put in its place since we read it."""
-    aside = f"{LOCK_NAME}.stale-{secrets.token_hex(8)}"
+    aside = f"{_ASIDE_PREFIX}{secrets.token_hex(8)}"
     try:
         os.rename(LOCK_NAME, aside, src_dir_fd=control_fd, dst_dir_fd=control_fd)
-    except FileNotFoundError:
-        return
+    except OSError as exc:
+        if is_vanished(exc):
+            return
+        raise
     try:
+        # `_read` has closed the file again before it is unlinked below.
         if _read(control_fd, aside) != stale:
             # We moved a fresh lock: put it back unless a third collector already
-            # created one (then two hold it; harmless, see the module docstring).
+            # created one (then two hold it; harmless, see the module docstring), or the
+            # next holder removed it as left over.
             try:
                 os.link(aside, LOCK_NAME, src_dir_fd=control_fd, dst_dir_fd=control_fd)
-            except FileExistsError:
-                pass
+            except OSError as exc:
+                if not (isinstance(exc, FileExistsError) or is_vanished(exc)):
+                    raise
     finally:
         try:
             os.unlink(aside, dir_fd=control_fd)
-        except FileNotFoundError:
-            pass
+        except OSError as exc:
+            if not is_vanished(exc):
+                raise
 
 
 def _held_error(control_fd: int, root: str, holder: LockOwner | None) -> LockHeld:

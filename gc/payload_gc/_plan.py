@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from ._busy import is_busy_name
 from ._layout import CONTROL_NAMES, MARKER_NAME
 from ._versions import is_noncanonical_version, parse_version
 
@@ -35,6 +36,9 @@ class KeepReason(enum.Enum):
     NOT_CANONICAL = "not a canonical version name (v<k> without leading zeros)"
     NOT_A_DIRECTORY = "named like a version but not a directory"
     CONTROL = "payload-gc control entry"
+    #: A file deleted while still open, kept by its filesystem under a hidden name
+    #: (`.nfs<hex>`, `.fuse_hidden<hex>`) until closed: not ours to delete.
+    BUSY = "busy: deleted while open, removed by its filesystem once closed"
     #: A mount point (another filesystem, or a bind mount of the root's own): never
     #: entered. A real collection reports it as an error, since it stays below the bound.
     MOUNT_POINT = "mount point (not entered)"
@@ -44,11 +48,14 @@ class KeepReason(enum.Enum):
 
 @attrs.frozen
 class Usage:
-    """Files and bytes below a directory: `files` counts every non-directory entry,
-    `bytes` their apparent sizes (`st_size`)."""
+    """Files and bytes below a directory: `files` counts every non-directory entry but
+    busy files, `bytes` their apparent sizes (`st_size`), `busy` the busy files
+    (deleted while open and silly-renamed: a collection leaves them, and with them the
+    directory, until they are closed)."""
 
     files: int
     bytes: int
+    busy: int = 0
 
 
 @attrs.frozen
@@ -137,6 +144,8 @@ def keep_reason(entry: RootEntry, bound: int) -> KeepReason | None:
     """
     if entry.name in CONTROL_NAMES:
         return KeepReason.CONTROL
+    if entry.kind is not EntryKind.DIRECTORY and is_busy_name(entry.name):
+        return KeepReason.BUSY
     version = entry.version
     if version is None:
         if is_noncanonical_version(entry.name):
@@ -190,8 +199,9 @@ def unmarked_root_refusal(root: str, plan: CollectionPlan, *, wipe: bool = False
     A root with the `.payload-root` marker is a payload root. Without it, a collection
     refuses a root holding entries that are not version directories (`plan.foreign`);
     a wipe (`wipe=True`), which deletes everything, refuses a root holding any entry but
-    payload_gc's own. The reason is one line naming an example entry and how to mark the
-    root if it really is one. `plan` may be of any bound, measured or not.
+    payload_gc's own and busy files. The reason is one line naming an example entry and
+    how to mark the root if it really is one. `plan` may be of any bound, measured or
+    not.
     """
     if plan.marked:
         return None
@@ -199,7 +209,7 @@ def unmarked_root_refusal(root: str, plan: CollectionPlan, *, wipe: bool = False
         # Everything a wipe would delete: every entry but the control ones.
         names = (
             *(d.name for d in plan.delete),
-            *(k.name for k in plan.keep if k.reason is not KeepReason.CONTROL),
+            *(k.name for k in plan.keep if k.reason not in (KeepReason.CONTROL, KeepReason.BUSY)),
         )
         what = "entries a wipe would delete"
     else:

@@ -7,8 +7,9 @@ import json
 
 import attrs
 
+from ._busy import BUSY_LEFT
 from ._collect import CollectionReport
-from ._plan import CollectionPlan, EntryKind, KeptEntry
+from ._plan import CollectionPlan, EntryKind, KeptEntry, Usage
 from ._versions import format_bound
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -48,6 +49,15 @@ def _kept_rows(kept: tuple[KeptEntry, ...]) -> list[_Row]:
     ]
 
 
+def _busy_note(usage: Usage | None) -> str:
+    """What a dry run says of a directory holding busy files: a real run leaves them,
+    and the directory, until they are closed."""
+    if usage is None or not usage.busy:
+        return ""
+    files = "1 busy file" if usage.busy == 1 else f"{usage.busy} busy files"
+    return f"holds {files} ({BUSY_LEFT}): stays, with the directory, until closed"
+
+
 def _plan_rows(plan: CollectionPlan) -> list[_Row]:
     rows = [
         _Row(
@@ -56,7 +66,9 @@ def _plan_rows(plan: CollectionPlan) -> list[_Row]:
             d.version,
             None if d.usage is None else d.usage.files,
             None if d.usage is None else d.usage.bytes,
-            "symbolic link: unlinked, not followed" if d.kind is EntryKind.SYMLINK else "",
+            "symbolic link: unlinked, not followed"
+            if d.kind is EntryKind.SYMLINK
+            else _busy_note(d.usage),
         )
         for d in plan.delete
     ]
@@ -65,6 +77,7 @@ def _plan_rows(plan: CollectionPlan) -> list[_Row]:
 
 def _report_rows(report: CollectionReport) -> list[_Row]:
     rows = [_Row(d.name, "deleted", d.version, d.files, d.bytes) for d in report.deleted]
+    rows += [_Row(b.name, "busy", b.version, b.files, b.bytes, b.message) for b in report.busy]
     return rows + _kept_rows(report.kept)
 
 
@@ -93,8 +106,15 @@ def render_plan(root: str, plan: CollectionPlan) -> str:
         "",
         *_table(_plan_rows(plan)),
         "",
-        f"total that would be deleted: {totals}",
     ]
+    busy = [d for d in plan.delete if d.usage is not None and d.usage.busy]
+    if busy:
+        names = ", ".join(d.name for d in busy)
+        lines.append(
+            f"BUSY: {names} hold busy files ({BUSY_LEFT}); a real run would leave "
+            "them in place (exit 0) and the next collection would try again"
+        )
+    lines.append(f"total that would be deleted: {totals}")
     return "\n".join(lines)
 
 
@@ -110,17 +130,22 @@ def render_report(report: CollectionReport) -> str:
     if report.errors:
         lines.append(f"PARTIAL: {len(report.errors)} entries could not be deleted entirely:")
         lines.extend(f"  {e.name}: {e.message}" for e in report.errors)
+    if report.busy:
+        lines.append(f"BUSY: {len(report.busy)} directories left only for busy files:")
+        lines.extend(f"  {b.name}: {b.message}" for b in report.busy)
     lines.append(f"total deleted: {totals} in {report.duration_s:.3f} s ({report.outcome})")
     return "\n".join(lines)
 
 
-def _row_json(row: _Row) -> dict[str, object]:
+def _row_json(row: _Row, usage: Usage | None = None) -> dict[str, object]:
     data: dict[str, object] = {
         "name": row.name,
         "version": row.version,
         "files": row.files,
         "bytes": row.bytes,
     }
+    if usage is not None and usage.busy:
+        data["busy_files"] = usage.busy
     if row.note:
         data["reason" if row.action == "keep" else "note"] = row.note
     return data
@@ -129,11 +154,12 @@ def _row_json(row: _Row) -> dict[str, object]:
 def plan_json(root: str, plan: CollectionPlan) -> str:
     """The dry run as one JSON document."""
     rows = _plan_rows(plan)
+    usages = {d.name: d.usage for d in plan.delete}
     document = {
         "root": root,
         "bound": plan.bound,
         "dry_run": True,
-        "delete": [_row_json(r) for r in rows if r.action != "keep"],
+        "delete": [_row_json(r, usages[r.name]) for r in rows if r.action != "keep"],
         "keep": [_row_json(r) for r in rows if r.action == "keep"],
         "totals": {"dirs": len(plan.delete), "files": plan.files, "bytes": plan.bytes},
     }
@@ -147,11 +173,23 @@ def report_json(report: CollectionReport) -> str:
         "root": report.root,
         "bound": report.bound,
         "dry_run": False,
-        "delete": [_row_json(r) for r in rows if r.action != "keep"],
+        "delete": [_row_json(r) for r in rows if r.action == "deleted"],
         "keep": [_row_json(r) for r in rows if r.action == "keep"],
         "totals": {"dirs": report.dirs, "files": report.files, "bytes": report.bytes},
         "duration_s": report.duration_s,
         "outcome": report.outcome,
         "errors": [{"name": e.name, "message": e.message} for e in report.errors],
+        "busy": [
+            {
+                "name": b.name,
+                "version": b.version,
+                "files": b.files,
+                "bytes": b.bytes,
+                "busy_files": b.busy,
+                "paths": list(b.paths),
+                "message": b.message,
+            }
+            for b in report.busy
+        ],
     }
     return json.dumps(document, indent=2)

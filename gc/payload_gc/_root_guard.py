@@ -32,11 +32,13 @@ def dangerous_reason(root: str | os.PathLike[str]) -> str | None:
 def refuse_unsafe_root(root: str | os.PathLike[str], action: str) -> None:
     """Raise `RootRefused` if `root` is `/`, a home directory or a symbolic link;
     `action` ("wipe", "mark") names what was refused in the message."""
-    reason = dangerous_reason(root)
-    if reason is not None:
-        raise RootRefused(f"refusing to {action} payload root {root}: it {reason}")
+    # The link first: resolving it may fail where it cannot be read (sshfs refuses to read
+    # an absolute link by default), and a link is refused either way.
     if Path(root).is_symlink():
         raise RootRefused(
             f"refusing to {action} payload root {root}: it is a symbolic link "
             "(pass the real directory)"
         )
+    reason = dangerous_reason(root)
+    if reason is not None:
+        raise RootRefused(f"refusing to {action} payload root {root}: it {reason}")

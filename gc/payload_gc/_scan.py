@@ -1,4 +1,6 @@
-"""Listing a payload root's direct children, measured, for plans and status reports."""
+"""Listing a payload root's direct children: in full (every entry stat-ed, mount points
+flagged, optionally measured) for status reports, or only as far as a collection at a
+bound needs (`list_for_bound`)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ from pathlib import Path
 
 from ._mounts import MountId, entry_mount_id, fd_mount_id
 from ._plan import CollectionPlan, EntryKind, RootEntry, Usage, plan_collection
-from ._tree import entry_kind, list_dir, measure_dir, open_root
+from ._tree import dirent_kind, entry_kind, list_dir, measure_dir, open_root
+from ._vanished import is_vanished
 
 
 def list_root(root_fd: int, *, measure: bool, root_mount: MountId | None = None) -> list[RootEntry]:
@@ -23,11 +26,50 @@ def list_root(root_fd: int, *, measure: bool, root_mount: MountId | None = None)
         try:
             st = dirent.stat(follow_symlinks=False)
             on_root_mount = entry_mount_id(root_fd, dirent.name) == root_mount
-        except FileNotFoundError:
-            continue
+        except OSError as exc:
+            if is_vanished(exc):
+                continue
+            raise
         kind = entry_kind(st.st_mode)
         entry = RootEntry(dirent.name, kind, same_filesystem=on_root_mount)
         if measure and entry.version is not None:
+            entry = _measured(root_fd, entry, root_mount)
+        entries.append(entry)
+    return entries
+
+
+def list_for_bound(
+    root_fd: int, bound: int, *, root_mount: MountId, measure: bool = False
+) -> list[RootEntry]:
+    """The direct children of the open root, looked at only as far as a collection at
+    `bound` needs: each entry's name and kind come from the listing itself (`d_type`; an
+    `lstat` only where the filesystem gives no type), and only the entries a collection
+    deletes, `v<k>` directories with `k < bound`, get one more call: their mount check
+    (`same_filesystem`), and with `measure` their usage. Every other entry is neither
+    stat-ed nor entered, so the cost does not grow with the versions kept: on a network
+    filesystem that does not cache attributes, the difference between one call per
+    version to delete and one per file kept.
+
+    Entries that vanish while listed are left out. The plan made from this listing is
+    the one a full listing gives (a mount point at or above the bound stays either way,
+    so it is not looked for).
+    """
+    entries: list[RootEntry] = []
+    for dirent in list_dir(root_fd):
+        entry = RootEntry(dirent.name, dirent_kind(dirent))
+        version = entry.version
+        if version is None or version >= bound:
+            entries.append(entry)
+            continue
+        if entry.kind is EntryKind.DIRECTORY:
+            try:
+                on_root_mount = entry_mount_id(root_fd, entry.name) == root_mount
+            except OSError as exc:
+                if is_vanished(exc):
+                    continue
+                raise
+            entry = RootEntry(entry.name, entry.kind, same_filesystem=on_root_mount)
+        if measure:
             entry = _measured(root_fd, entry, root_mount)
         entries.append(entry)
     return entries
@@ -62,11 +104,31 @@ def scan_root(root: str | os.PathLike[str], *, measure: bool = True) -> list[Roo
         os.close(root_fd)
 
 
-def plan_root(root: str | os.PathLike[str], bound: int, *, measure: bool = True) -> CollectionPlan:
-    """Scan `root` and plan a collection at `bound`: what a real collection would delete
-    right now (with files and bytes, unless `measure=False`) and why everything else
-    stays. Deletes nothing.
+def plan_root(
+    root: str | os.PathLike[str],
+    bound: int,
+    *,
+    measure: bool = True,
+    measure_kept: bool = True,
+) -> CollectionPlan:
+    """Plan a collection of `root` at `bound`: what a real collection would delete right
+    now and why everything else stays. Deletes nothing.
+
+    With `measure`, the directories to delete carry their files and bytes, and with
+    `measure_kept` too the kept version directories: a walk of every file in the root,
+    as `scan_root` does. Without `measure_kept` (or without `measure`) only the root's
+    listing and the directories to delete are looked at (`list_for_bound`): the plan is
+    the same, at the cost of the collection itself rather than of the whole root.
 
     Raises what `scan_root` raises.
     """
-    return plan_collection(scan_root(Path(root), measure=measure), bound)
+    path = Path(root)
+    if measure and measure_kept:
+        return plan_collection(scan_root(path, measure=True), bound)
+    root_fd = open_root(os.fspath(path))
+    try:
+        root_mount = fd_mount_id(root_fd)
+        entries = list_for_bound(root_fd, bound, root_mount=root_mount, measure=measure)
+    finally:
+        os.close(root_fd)
+    return plan_collection(entries, bound)

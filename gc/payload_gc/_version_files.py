@@ -24,9 +24,11 @@ from types import TracebackType
 
 import attrs
 
+from ._busy import is_busy_name
 from ._errors import PayloadGCError, RootMissing
 from ._mounts import MountId, fd_mount_id
 from ._tree import DIR_FLAGS, Tally, open_root
+from ._vanished import is_vanished
 from ._versions import version_name
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -74,16 +76,29 @@ def _check_name(name: str) -> None:
 class FileRemoval:
     """What `remove_files` did: files unlinked and the bytes they held (regular files'
     sizes), and one line per thing it refused or failed to delete (kept to the first
-    few, as a collection keeps them; `problem_count` counts them all)."""
+    few, as a collection keeps them; `problem_count` counts them all). `busy` counts the
+    busy files it was asked for and left alone (silly-renamed names, `.nfs<hex>` and
+    `.fuse_hidden<hex>`: deleted already, gone once closed; not problems). `left` lists
+    every `(version, name)` asked for that is still there by its name: the refused and
+    failed ones and the busy ones."""
 
     files: int
     bytes: int
     problems: tuple[str, ...] = ()
     problem_count: int = 0
+    busy: int = 0
+    left: tuple[tuple[int, str], ...] = ()
 
     @classmethod
-    def of(cls, tally: Tally) -> FileRemoval:
-        return cls(tally.files, tally.bytes, tuple(tally.problems), tally.problem_count)
+    def of(cls, tally: Tally, left: Iterable[tuple[int, str]] = ()) -> FileRemoval:
+        return cls(
+            tally.files,
+            tally.bytes,
+            tuple(tally.problems),
+            tally.problem_count,
+            tally.busy_count,
+            tuple(left),
+        )
 
 
 class VersionDir:
@@ -94,32 +109,36 @@ class VersionDir:
         self.label = label
 
     def lstat(self, name: str) -> os.stat_result:
-        """The entry `name` itself, never followed. Raises `BadFileName`,
-        `FileNotFoundError` and other `OSError`s."""
+        """The entry `name` itself, never followed. Raises `BadFileName`, and `OSError`s:
+        one that `is_vanished` if it is gone (`FileNotFoundError`, or `ESTALE` on NFS and
+        FUSE mounts)."""
         _check_name(name)
         return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
 
     def unlink(self, name: str) -> int | None:
         """Unlink the non-directory `name`; its size if it was a regular file (0 for
-        anything else), `None` if it was already gone. A directory is never removed.
+        anything else), `None` if it was already gone (`is_vanished`). A directory is
+        never removed.
 
         Raises `BadFileName`, `IsADirectoryError` for a directory, other `OSError`s."""
-        st = self.lstat(name)  # raises FileNotFoundError before anything is unlinked
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "is a directory", f"{self.label}/{name}")
         try:
+            st = self.lstat(name)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, "is a directory", f"{self.label}/{name}")
             os.unlink(name, dir_fd=self.fd)
-        except FileNotFoundError:
-            return None
+        except OSError as exc:
+            if is_vanished(exc):
+                return None
+            raise
         return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
     def open_file(self, name: str) -> int:
         """A read-only descriptor of the regular file `name` (never a link, never a FIFO
         or device: those are refused without blocking). The caller closes it.
 
-        Raises `BadFileName`, `FileNotFoundError`, `IsADirectoryError`,
-        `OSError(ELOOP)` for a symbolic link, `OSError(EINVAL)` for anything else
-        that is not a regular file."""
+        Raises `BadFileName`, an `OSError` that `is_vanished` if it is gone,
+        `IsADirectoryError`, `OSError(ELOOP)` for a symbolic link, `OSError(EINVAL)` for
+        anything else that is not a regular file."""
         _check_name(name)
         fd = os.open(name, _FILE_FLAGS, dir_fd=self.fd)
         try:
@@ -189,9 +208,9 @@ class PayloadRootFiles:
         label = f"{self.root}/{name}"
         try:
             fd = os.open(name, DIR_FLAGS, dir_fd=self._root_fd)
-        except FileNotFoundError:
-            return VersionDirMissing(f"{label}: no such directory")
         except OSError as exc:
+            if is_vanished(exc):
+                return VersionDirMissing(f"{label}: no such directory")
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 # Linux answers ENOTDIR for a link opened with O_DIRECTORY | O_NOFOLLOW.
                 if _is_link(self._root_fd, name):
@@ -213,21 +232,28 @@ class PayloadRootFiles:
     def remove_files(self, files: Iterable[tuple[int, str]]) -> FileRemoval:
         """Unlink each `(version, name)`: a plain file name in `v<version>`. Missing
         files and directories count as already deleted; a file in a refused version
-        directory, a bad name, or a directory entry is left and reported. Never raises
+        directory, a bad name, or a directory entry is left and reported; a busy name
+        (silly-renamed: deleted while open) is left and counted as busy. Never raises
         for any of those."""
         tally = Tally()
+        left: list[tuple[int, str]] = []
         for version, name in files:
+            if is_busy_name(name):
+                tally.busy(f"{self.root}/{version_name(version)}/{name}")
+                left.append((version, name))
+                continue
             try:
                 freed = self.version(version).unlink(name)
-            except (VersionDirMissing, FileNotFoundError):
+            except VersionDirMissing:
                 continue
             except (PayloadGCError, OSError) as exc:
                 tally.problem(_problem_text(self.root, version, name, exc))
+                left.append((version, name))
                 continue
             if freed is not None:
                 tally.files += 1
                 tally.bytes += freed
-        return FileRemoval.of(tally)
+        return FileRemoval.of(tally, left)
 
 
 def _is_link(dir_fd: int, name: str) -> bool:

@@ -14,12 +14,13 @@ import attrs
 import trio
 
 from ._audit import append_audit, utc_timestamp
+from ._busy import is_busy_name
 from ._collect import CollectionError, check_workers
 from ._errors import PayloadGCError, RootRefused
 from ._layout import CONTROL_NAMES, MARKER_NAME
 from ._lock import HeldLock, open_control_dir, release_and_close, try_acquire, wait_for_lock
 from ._mounts import MountId, fd_mount_id
-from ._plan import RootEntry, plan_collection, unmarked_root_refusal
+from ._plan import EntryKind, KeepReason, RootEntry, plan_collection, unmarked_root_refusal
 from ._root_guard import refuse_unsafe_root
 from ._scan import list_root
 from ._tree import Tally, open_root, remove_tree
@@ -33,7 +34,10 @@ class WipeReport:
     """What a wipe removed from `root`: `entries` direct children, holding `files` files
     and `bytes` bytes. `kept` names children left in place (mount points, never entered:
     another filesystem or a bind mount of the root's own), `errors` what could not be
-    removed, `created` whether the root was created because it did not exist."""
+    removed, `busy` what was left only because of busy files (deleted while open and
+    silly-renamed, `.nfs<hex>`/`.fuse_hidden<hex>`: one line per child, `name: why`; not
+    a failure, they go once closed), `created` whether the root was created because it
+    did not exist."""
 
     root: str
     entries: int
@@ -43,11 +47,15 @@ class WipeReport:
     errors: tuple[CollectionError, ...]
     duration_s: float
     created: bool
+    busy: tuple[str, ...] = ()
 
     @property
     def outcome(self) -> str:
-        """`complete`, or `partial` when anything could not be removed."""
-        return "partial" if self.errors else "complete"
+        """`complete`; `busy` when only busy files (and the directories holding them) are
+        left; `partial` when anything else could not be removed."""
+        if self.errors:
+            return "partial"
+        return "busy" if self.busy else "complete"
 
 
 def _write_marker(root_fd: int, root: str) -> None:
@@ -134,7 +142,17 @@ class _Wipe:
         started, started_wall = time.monotonic(), time.time()
         # The marker stays in place throughout: a wipe interrupted midway leaves a root
         # that the next wipe still accepts.
-        doomed = [e for e in self.entries if e.name not in CONTROL_NAMES and e.same_filesystem]
+        # Busy files directly in the root are not ours to delete (see _busy.py).
+        busy_files = sorted(
+            e.name
+            for e in self.entries
+            if e.kind is not EntryKind.DIRECTORY and is_busy_name(e.name)
+        )
+        doomed = [
+            e
+            for e in self.entries
+            if e.name not in CONTROL_NAMES and e.same_filesystem and e.name not in busy_files
+        ]
         kept = tuple(sorted(e.name for e in self.entries if not e.same_filesystem))
 
         def remove(entry: RootEntry) -> tuple[RootEntry, bool, Tally]:
@@ -149,6 +167,14 @@ class _Wipe:
             for e, _, tally in results
             if tally.problem_count
         )
+        busy = tuple(
+            [f"{name}: {KeepReason.BUSY.value}" for name in busy_files]
+            + [
+                f"{e.name}: {tally.busy_summary()}"
+                for e, gone, tally in results
+                if not gone and tally.busy_count and not tally.problem_count
+            ]
+        )
         report = WipeReport(
             root=self.root,
             entries=sum(gone for _, gone, _ in results),
@@ -158,6 +184,7 @@ class _Wipe:
             errors=errors,
             duration_s=time.monotonic() - started,
             created=self.created,
+            busy=busy,
         )
         record: dict[str, object] = {
             "action": "wipe",
@@ -175,6 +202,8 @@ class _Wipe:
             record["errors"] = [f"{e.name}: {e.message}" for e in errors]
         if kept:
             record["kept"] = list(kept)
+        if busy:
+            record["busy"] = list(busy)
         try:
             append_audit(self.control_fd, record)
         except OSError as exc:
@@ -195,9 +224,10 @@ def wipe_root(root: str | os.PathLike[str], *, max_workers: int = 4) -> WipeRepo
     `.payload-root` marker: the start of a fresh run.
 
     The same rules as a collection apply: links are unlinked, never followed; mount
-    points are kept and reported; deletion runs in up to `max_workers` threads; the
-    collector's lock is held and one audit line is appended. The marker and the
-    `.payload-gc` directory (lock and audit log) stay.
+    points are kept and reported; busy files (deleted while open) are left, and with
+    them their directories, reported in `busy` rather than as errors; deletion runs in
+    up to `max_workers` threads; the collector's lock is held and one audit line is
+    appended. The marker and the `.payload-gc` directory (lock and audit log) stay.
 
     Raises `RootRefused` for `/`, a home directory (`Path.home()`, `/home/*`, `/root`), a
     symbolic link, or a non-empty directory without the marker; `LockHeld` if a

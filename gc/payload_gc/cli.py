@@ -1,11 +1,17 @@
 """The `payload-gc` command: one collection of a payload root, or a dry run of it.
 
     payload-gc --root DIR (--below K | --step S --max-off-policy-steps M)
-               [--dry-run] [--json] [--init] [--workers N]
+               [--dry-run [--measure-kept]] [--json] [--init] [--workers N]
 
-Exit status: 0 on success, 1 if the collection was partial, 2 for bad arguments or a
-root it refuses (missing, a link, locked by another collector, or not marked as a payload
-root while holding other things); those print one line on stderr.
+A real run lists the root and enters only the directories it deletes; a dry run measures
+those (files, bytes, busy files), and the kept versions too only with --measure-kept.
+
+Exit status: 0 done, including when the only things left below the bound are busy files
+(deleted while still open elsewhere: `.nfs*`, `.fuse_hidden*`), which the next run
+retries; 1 if the collection was partial (something else could not be deleted, or a
+mount point below the bound was left); 2 for bad arguments or a root it refuses
+(missing, a link, locked by another collector, or not marked as a payload root while
+holding other things); those print one line on stderr.
 """
 
 from __future__ import annotations
@@ -47,7 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Delete the payload directories <root>/v<k> below a staleness bound.",
         epilog=(
             "The bound is K (--below) or min_fresh_version(S + 1, M) = S - M once policy "
-            "version S is applied everywhere (--step S --max-off-policy-steps M)."
+            "version S is applied everywhere (--step S --max-off-policy-steps M). "
+            "Exit status: 0 done (also when only busy files, deleted while still open "
+            "elsewhere, were left: the next run retries them), 1 partial (something else "
+            "could not be deleted), 2 refused (one line on stderr)."
         ),
     )
     parser.add_argument("--root", required=True, type=Path, help="the payload root")
@@ -59,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-off-policy-steps", type=int, metavar="M", help="the run's max_off_policy_steps"
     )
     parser.add_argument("--dry-run", action="store_true", help="show what would go; delete nothing")
+    parser.add_argument(
+        "--measure-kept",
+        action="store_true",
+        help="with --dry-run: measure the kept versions too (walks every file in the root)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument(
         "--init",
@@ -80,6 +94,8 @@ def bound_from_args(args: argparse.Namespace) -> int | None:
         raise UsageError("--below cannot be combined with --step/--max-off-policy-steps")
     if args.workers < 1:
         raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    if args.measure_kept and not args.dry_run:
+        raise UsageError("--measure-kept goes with --dry-run (a real run measures nothing kept)")
     if args.below is not None:
         return int(args.below)
     if args.step is None and args.max_off_policy_steps is None:
@@ -106,7 +122,9 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"marked {root} as a payload root ({MARKER_NAME})")
             return 0
     assert bound is not None  # bound_from_args returns None only with --init
-    plan = plan_root(root, bound)
+    # A dry run measures what it would delete (kept versions on request); a real run
+    # only lists the root here, for the marker check, and measures as it deletes.
+    plan = plan_root(root, bound, measure=args.dry_run, measure_kept=args.measure_kept)
     refusal = unmarked_root_refusal(root, plan)
     if refusal is not None:
         raise UsageError(refusal)
@@ -115,6 +133,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     report = collect_below_sync(root, bound, max_workers=args.workers)
     print(report_json(report) if args.json else render_report(report))
+    # Busy files alone do not fail the run: they go once closed, and the next run retries.
     return 1 if report.errors else 0
 
 

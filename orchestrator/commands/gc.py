@@ -1,4 +1,5 @@
-"""`orchestrator gc --config FILE [--set KEY=VALUE ...] [--dry-run] [--json]`: one collection.
+"""`orchestrator gc --config FILE [--set KEY=VALUE ...] [--dry-run [--measure-kept]] [--json]`:
+one collection.
 
 The bound comes from the run's own state: `min_fresh_version(applied + 1, m)`, with
 `applied` the applied version the daemon last saved in `progress.json`, never more: a
@@ -7,8 +8,11 @@ the trainer has not read may still reference files below a higher bound (docs/de
 
 The collection goes through `payload_gc.collect_below_sync`, so it takes the collector's
 lock: it is safe while the daemon runs (the daemon's own collections wait for the lock),
-and another collection running is a one-line refusal. Exit status: 0 done, 1 partial
-(something could not be deleted), 2 refused.
+and another collection running is a one-line refusal. It lists the root and enters only
+the directories it deletes; the dry run measures those, and the kept versions only with
+`--measure-kept` (`orchestrator status` measures everything). Exit status: 0 done (also
+when the only things left are busy files: deleted while still open elsewhere, retried by
+the next collection), 1 partial (something else could not be deleted), 2 refused.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="show what would be deleted; delete nothing"
     )
+    parser.add_argument(
+        "--measure-kept",
+        action="store_true",
+        help="with --dry-run: measure the kept versions too (walks every file in the root)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -50,7 +59,8 @@ class RunBound:
 
 def run(args: argparse.Namespace) -> int:
     """Collect (or with `--dry-run` plan) the run's payload root at the bound its saved
-    state allows; print the result. Returns 1 when the collection was partial.
+    state allows; print the result. Returns 1 when the collection was partial (busy
+    files alone are not: they go once closed, and the next collection retries).
 
     Raises UserError (one line, exit 2) for a bad config, a missing run directory, no
     readable progress, a missing or unsafe payload root, or a lock held by another
@@ -65,12 +75,14 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.errors import UserError
 
     config = config_from_args(args)
+    if args.measure_kept and not args.dry_run:
+        raise UserError("--measure-kept goes with --dry-run (a real run measures nothing kept)")
     run_bound = bound_from_state(read_run_snapshot(config, source=str(args.config)))
     root = str(config.payload_root)
     now = time.time()
     try:
         if args.dry_run:
-            plan = plan_root(root, run_bound.bound)
+            plan = plan_root(root, run_bound.bound, measure_kept=args.measure_kept)
             check_payload_root(root, plan)
             print(
                 dry_run_json(root, plan, run_bound)
@@ -78,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                 else render_dry_run(root, plan, run_bound, now)
             )
             return 0
-        # Only the root's direct children: the collection walks the directories once.
+        # Only the root's direct children: the collection enters only what it deletes.
         check_payload_root(root, list_payload_root(config.payload_root, run_bound.bound))
         report = collect_below_sync(root, run_bound.bound)
     except PayloadGCError as exc:

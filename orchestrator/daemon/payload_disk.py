@@ -1,7 +1,9 @@
 """Disk work on the payload root that the daemon does itself, always in worker threads.
 
 - deleting the files of discarded samples (the sink decides which; this only unlinks);
-- measuring the bytes on disk under the root, for the summary's peak and for `status`.
+- measuring the bytes on disk under the root, when asked (the end of a run's summary):
+  the running daemon does not walk the root, it keeps an account of the files it knows
+  (`payload_account.py`).
 
 Both go through payload_gc, the one implementation of safe access to a payload root:
 version directories are opened relative to the root without following a link and must
@@ -20,21 +22,11 @@ import trio
 from payload_gc import (
     FileRemoval,
     PayloadGCError,
-    parse_version,
     remove_files,
     scan_root,
 )
 
-
-def payload_file_key(root: str, path: str) -> tuple[int, str] | None:
-    """`(k, name)` for the path `<root>/v<k>/<name>` (as the daemon builds payload file
-    paths), or `None` for any other path."""
-    directory, _, name = path.rpartition("/")
-    parent, _, version_dir = directory.rpartition("/")
-    version = parse_version(version_dir)
-    if parent != root or version is None or not name:
-        return None
-    return version, name
+from orchestrator.daemon.payload_account import payload_file_key
 
 
 def unlink_files(root: Path, paths: Sequence[str]) -> FileRemoval:
@@ -42,8 +34,10 @@ def unlink_files(root: Path, paths: Sequence[str]) -> FileRemoval:
 
     A missing file is success (the version collector or another discard got there
     first). Nothing is followed: a link is removed, not its target, and a version
-    directory that is a link or a mount point is refused whole. A path of any other form
-    (which the daemon never builds) is refused and reported like those.
+    directory that is a link or a mount point is refused whole. A busy file (a
+    silly-renamed name: deleted while open) is left and counted in `busy`, not as a
+    problem. A path of any other form (which the daemon never builds) is refused and
+    reported like those. `left` holds the `(version, name)` of every file left.
     """
     prefix = os.fspath(root)
     keys = [payload_file_key(prefix, path) for path in paths]
@@ -52,10 +46,11 @@ def unlink_files(root: Path, paths: Sequence[str]) -> FileRemoval:
         for path, key in zip(paths, keys, strict=True)
         if key is None
     ]
+    wanted = [key for key in keys if key is not None]
     try:
-        removal = remove_files(prefix, [key for key in keys if key is not None])
+        removal = remove_files(prefix, wanted)
     except PayloadGCError as exc:
-        removal = FileRemoval(0, 0, (str(exc),), len(keys) - len(refused))
+        removal = FileRemoval(0, 0, (str(exc),), len(wanted), left=tuple(wanted))
     if not refused:
         return removal
     return attrs.evolve(
@@ -77,7 +72,8 @@ async def delete_files(
 
 def tree_bytes(root: Path) -> tuple[int, int]:
     """(files, bytes) in the version directories of `root`, measured by payload_gc's
-    scan (not following links, not entering mount points). Blocking.
+    scan (not following links, not entering mount points): a walk of every file, for
+    when it is asked for. Blocking.
 
     A missing or refused root holds nothing; entries that vanish while it walks (a
     concurrent collection) are skipped.

@@ -21,7 +21,7 @@ import httpx
 import structlog
 import trio
 import watchfiles
-from payload_gc import PayloadGCError, collect_below
+from payload_gc import PayloadGCError, collect_below, parse_version
 
 from orchestrator.config import Config
 from orchestrator.daemon.heap import trim_heap
@@ -29,7 +29,8 @@ from orchestrator.daemon.inference_client import post_update_weights
 from orchestrator.daemon.metrics import CollectionTimes
 from orchestrator.daemon.run_state import RunState
 from orchestrator.daemon.server_pool import ServerPool
-from orchestrator.handoff import published_versions, weights_step_dir
+from orchestrator.handoff import weights_step_dir
+from orchestrator.handoff.weights import newest_published_version
 from orchestrator.wire import InferenceFailure
 
 log = structlog.get_logger("orchestrator.policy")
@@ -37,6 +38,9 @@ log = structlog.get_logger("orchestrator.policy")
 
 #: The longest one collection may take before the run stops with an error.
 COLLECT_DEADLINE_S = 3600.0
+
+# The longest the filesystem watcher's thread blocks, so cancelling it never waits longer.
+_WATCHER_WAKE_MS = 500
 
 
 async def broadcast_update_weights(
@@ -81,47 +85,99 @@ class PolicyWatcher:
     file_limiter: trio.CapacityLimiter
     # Given when metrics are on: receives each collection's duration.
     collection_times: CollectionTimes | None = None
+    # Whether the last probe for new weights failed (logged once, not at every probe).
+    _probe_failing: bool = attrs.field(default=False, init=False)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Watch `weights/` until cancelled; apply each new version in order of arrival."""
+        """Look for new versions until cancelled; apply each in order of arrival.
+
+        A probe (`check_for_new_version`) runs at once, then every
+        `trainer.poll_interval_s`, and also as soon as the filesystem watcher sees a
+        change in `weights/` (inotify: local writes only). With `trainer.force_polling`
+        there is no watcher: the timed probes are the polling, and they open exact paths,
+        which a network filesystem revalidates (docs/design.md §5, Shared filesystems).
+        """
         config = self.config
         await trio.to_thread.run_sync(lambda: config.weights_dir.mkdir(parents=True, exist_ok=True))
-        task_status.started()
-        timeout_ms = max(int(config.trainer.poll_interval_s * 1000), 50)
-        watch = watchfiles.awatch(
-            config.weights_dir,
-            force_polling=config.trainer.force_polling,
-            poll_delay_ms=timeout_ms,
+        # Capacity 1: changes seen while a probe runs make one more probe, not a backlog.
+        wake_send, wake_receive = trio.open_memory_channel[None](1)
+        async with trio.open_nursery() as nursery:
+            if not config.trainer.force_polling:
+                nursery.start_soon(self._watch, wake_send)
+            task_status.started()
+            while True:
+                await self.check_for_new_version()
+                with trio.move_on_after(config.trainer.poll_interval_s):
+                    await wake_receive.receive()
+
+    async def _watch(self, wake: trio.MemorySendChannel[None]) -> None:
+        """Wake the probe loop on every change watchfiles sees in `weights/`. A watcher
+        that cannot start (the inotify watch limit, say) is logged: the timed probes go on
+        without it."""
+        weights_dir = self.config.weights_dir
+        interval_ms = max(1, round(self.config.trainer.poll_interval_s * 1000))
+        changes = watchfiles.awatch(
+            weights_dir,
             debounce=50,
             step=20,
-            # Wake up regularly even without events: a re-scan catches anything a watcher
-            # missed, and cancellation never waits long on the watcher's thread.
-            rust_timeout=timeout_ms,
-            yield_on_timeout=True,
+            # The watcher's thread cannot be cancelled: it returns (and the daemon's
+            # shutdown waits for it) at its next timeout. Keep that short.
+            rust_timeout=min(interval_ms, _WATCHER_WAKE_MS),
         )
-        await self.check_for_new_version()
-        async with contextlib.aclosing(watch) as changes:
-            async for _ in changes:
-                await self.check_for_new_version()
+        try:
+            async with contextlib.aclosing(changes) as events:
+                async for _ in events:
+                    with contextlib.suppress(trio.WouldBlock):
+                        wake.send_nowait(None)
+        except OSError as exc:
+            log.warning(
+                "cannot watch the weights directory; probing it on the timer only",
+                weights_dir=str(weights_dir),
+                poll_interval_s=self.config.trainer.poll_interval_s,
+                error=str(exc) or repr(exc),
+            )
 
     async def check_for_new_version(self) -> None:
-        above = self.state.applied_version
-        config = self.config
-        versions = await trio.to_thread.run_sync(
-            functools.partial(
-                published_versions,
-                config.weights_dir,
-                above=above,
-                layout=config.trainer.weights_layout,
-            ),
-            limiter=self.file_limiter,
-        )
-        # A version is only legitimate once its batch has shipped: anything newer is a
-        # leftover of another run in the same weights directory.
+        """Apply the newest published version the daemon may use, if it is new.
+
+        The candidates are `applied + 1 .. shipped`: a version is only legitimate once its
+        batch has shipped (anything newer is a leftover of another run in the same weights
+        directory), so with nothing shipped past the applied version there is nothing to
+        look for. Each candidate's `step_N/STABLE` is opened by its exact path, newest
+        first, in a worker thread (`newest_published_version`). A probe that fails (a
+        network filesystem's error) is logged once and tried again at the next one.
+        """
+        applied = self.state.applied_version
         shipped = self.state.next_step - 1
-        usable = [v for v in versions if v <= shipped]
-        if usable and usable[-1] > self.state.applied_version:
-            await self.apply(usable[-1])
+        if shipped <= applied:
+            return
+        config = self.config
+        try:
+            version = await trio.to_thread.run_sync(
+                functools.partial(
+                    newest_published_version,
+                    config.weights_dir,
+                    above=applied,
+                    up_to=shipped,
+                    layout=config.trainer.weights_layout,
+                ),
+                limiter=self.file_limiter,
+            )
+        except OSError as exc:
+            if not self._probe_failing:
+                log.warning(
+                    "cannot look for new weights; trying again",
+                    weights_dir=str(config.weights_dir),
+                    error=str(exc) or repr(exc),
+                )
+            self._probe_failing = True
+            return
+        if self._probe_failing:
+            log.info("looking for new weights works again", weights_dir=str(config.weights_dir))
+            self._probe_failing = False
+        # The applied version may have moved while the probe ran (start-up's own load).
+        if version is not None and version > self.state.applied_version:
+            await self.apply(version)
 
     async def apply(self, version: int) -> None:
         """Load `version` on every server, apply it, collect, sweep (docs/design.md §5)."""
@@ -159,11 +215,19 @@ class PolicyWatcher:
         # Collections end in the order they start (they share the root's lock), but the
         # start-up one runs beside the watcher's: the bound never goes back.
         state.bound = bound if state.bound is None else max(state.bound, bound)
-        # Disk use peaks right before a collection. The collector measured every version
-        # directory anyway: what it deleted plus what it kept is the peak, at no cost.
-        before = report.bytes + sum(k.usage.bytes for k in report.kept if k.usage is not None)
-        state.record_payload_bytes(before)
-        state.payload_bytes = before - report.bytes
+        # Disk use peaks right before a collection: the running account then (already in
+        # `peak_payload_bytes`). The collector looked at no kept version, so the account,
+        # not a walk, says what is left: the versions below the bound leave it.
+        failed = (parse_version(error.name) for error in report.errors)
+        state.record_collected(bound, failed=[v for v in failed if v is not None])
+        if report.busy:
+            # Not a failure: files deleted while still open elsewhere; the next
+            # collection (the directories stay below the bound) tries again.
+            log.info(
+                "collection left busy directories",
+                bound=bound,
+                busy=[f"{b.name}: {b.message}" for b in report.busy],
+            )
         if self.collection_times is not None:
             self.collection_times.observe_collection(time.monotonic() - started)
         state.files_deleted["collection"] += report.files
@@ -176,5 +240,6 @@ class PolicyWatcher:
             dirs=len(report.deleted),
             files=report.files,
             bytes=report.bytes,
+            payload_bytes=state.payload_bytes,
             duration_s=round(time.monotonic() - started, 3),
         )

@@ -16,12 +16,12 @@ from orchestrator.handoff import (
     LEGACY_BATCH_FILE,
     StepLayout,
     load_progress,
-    published_versions,
     remove_partial_batches,
 )
 from orchestrator.handoff.formats import BatchFormat, shipped_steps_in
 from orchestrator.handoff.primerl.store import MANIFEST_FILE, unfinished_primerl_steps
 from orchestrator.handoff.step_dirs import complete_steps
+from orchestrator.handoff.weights import newest_published_version
 
 log = structlog.get_logger("orchestrator.startup")
 
@@ -94,12 +94,18 @@ def _refuse_foreign_primerl_steps(rollouts_dir: Path, data_world_size: int) -> N
 
 
 async def wipe_payload_root(root: Path) -> None:
-    """The fresh-run wipe, with payload_gc's refusals turned into one-line errors."""
+    """The fresh-run wipe, with payload_gc's refusals turned into one-line errors. What it
+    could not remove stops the run, except busy files (deleted while still open)."""
     try:
         report = await wipe_root_async(root)
     except PayloadGCError as exc:
         raise UserError(f"cannot start a fresh run: {exc}") from None
     log.info("wiped payload root", root=str(root), files=getattr(report, "files", None))
+    if report.busy:
+        # Files deleted while still open elsewhere: their filesystem removes them once
+        # closed, and their names (`.nfs*`, `.fuse_hidden*`) can meet no file of the new
+        # run; the directories holding them are collected like any other.
+        log.warning("the wipe left busy files", root=str(root), busy=list(report.busy[:5]))
     left = [f"{name} (mount point)" for name in report.kept]
     left += [f"{error.name} ({error.message})" for error in report.errors]
     if left:
@@ -119,15 +125,17 @@ async def wait_for_version(
     poll_interval_s: float,
     layout: StepLayout = "native",
 ) -> None:
-    """Wait until `v{version}` is published in `layout` (v0 always is). The caller sets
+    """Wait until `v{version}` is published in `layout` (v0 always is), opening its exact
+    path as the policy watcher does (a network filesystem revalidates it). The caller sets
     the deadline."""
     if version <= 0:
         return
     logged = False
-    list_versions = functools.partial(published_versions, weights_dir, layout=layout)
+    probe = functools.partial(
+        newest_published_version, weights_dir, above=version - 1, up_to=version, layout=layout
+    )
     while True:
-        versions = await trio.to_thread.run_sync(list_versions)
-        if versions and versions[-1] >= version:
+        if await trio.to_thread.run_sync(probe) is not None:
             return
         if not logged:
             log.info("waiting for the trainer to publish", version=version)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -115,3 +116,84 @@ def complete_steps(
         and entry.is_dir(follow_symlinks=False)
         and os.path.isfile(os.path.join(entry.path, marker))
     )
+
+
+#: How many candidate steps `newest_complete_step` opens by their exact path before it
+#: lists the directory for the older ones. A running daemon's candidates are the versions
+#: it may apply, at most `max_async_steps + 1` of them; only a resumed run has more.
+EXACT_PROBES = 16
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# A marker that is a FIFO must not block the open: it is refused after `fstat`.
+_MARKER_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def newest_complete_step(
+    directory: Path,
+    marker: str,
+    *,
+    above: int,
+    up_to: int,
+    layout: StepLayout = "native",
+    exact_probes: int = EXACT_PROBES,
+) -> int | None:
+    """The newest step in `above + 1 .. up_to` whose directory in `directory` is complete
+    (holds the file `marker`), or None. Blocking.
+
+    Each candidate is checked by opening its exact path, newest first, and the first
+    complete one is the answer: `directory` is opened, then `<step dir>` in it (never
+    through a symbolic link), then `marker` in that (a regular file; a link to one counts,
+    as in `complete_steps`). Opening is what makes a network filesystem's client
+    revalidate a name (NFS close-to-open), where a listing or a `stat` may be served from
+    its caches for many seconds: on sshfs with its default cache a new step directory
+    stays out of listings for 20 s, and is opened at once. Only the newest `exact_probes`
+    candidates are opened; when none of them is complete and older candidates remain, one
+    listing (`complete_steps`) answers for those.
+
+    A missing `directory` means None. Any other failure to open a candidate (missing,
+    a link, not a directory, not readable) means it is not complete yet. Raises OSError
+    when `directory` exists but cannot be opened, ValueError for an unknown layout.
+    """
+    _layout_digits(layout)  # an unknown layout is an error, even with no candidate
+    lowest = max(above + 1, 0)
+    if up_to < lowest:
+        return None
+    try:
+        directory_fd = os.open(directory, _DIR_FLAGS)
+    except FileNotFoundError:
+        return None
+    try:
+        newest = range(up_to, max(lowest - 1, up_to - exact_probes), -1)
+        for step in newest:
+            if _opens_complete(directory_fd, step_dir_name(step, layout), marker):
+                return step
+    finally:
+        os.close(directory_fd)
+    rest_up_to = up_to - exact_probes
+    if rest_up_to < lowest:
+        return None
+    older = [
+        s for s in complete_steps(directory, marker, above=above, layout=layout) if s <= rest_up_to
+    ]
+    return older[-1] if older else None
+
+
+def _opens_complete(directory_fd: int, name: str, marker: str) -> bool:
+    """Whether `<directory_fd>/name` opens as a directory (not through a link) holding a
+    `marker` that opens as a regular file."""
+    try:
+        step_fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=directory_fd)
+    except OSError:
+        return False
+    try:
+        marker_fd = os.open(marker, _MARKER_FLAGS, dir_fd=step_fd)
+    except OSError:
+        return False
+    finally:
+        os.close(step_fd)
+    try:
+        return stat.S_ISREG(os.fstat(marker_fd).st_mode)
+    except OSError:
+        return False
+    finally:
+        os.close(marker_fd)

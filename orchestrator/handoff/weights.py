@@ -21,13 +21,19 @@ import time
 from pathlib import Path
 
 from orchestrator.handoff.durable import fsync_dir, replace_file_atomically
-from orchestrator.handoff.step_dirs import StepLayout, complete_steps, step_dir
+from orchestrator.handoff.step_dirs import (
+    StepLayout,
+    complete_steps,
+    newest_complete_step,
+    step_dir,
+)
 
 __all__ = [
     "MODEL_FILE",
     "STABLE_MARKER",
     "WEIGHTS_FORMAT",
     "latest_published_version",
+    "newest_published_version",
     "publish_weights",
     "published_versions",
     "weights_step_dir",
@@ -101,6 +107,23 @@ def published_versions(
     but cannot be listed, ValueError for an unknown layout.
     """
     return complete_steps(weights_dir, STABLE_MARKER, above=above, layout=layout)
+
+
+def newest_published_version(
+    weights_dir: Path, *, above: int, up_to: int, layout: StepLayout = "native"
+) -> int | None:
+    """The newest published version in `above + 1 .. up_to`, or None: what the policy
+    watcher looks for, with `above` the applied version and `up_to` the last shipped step
+    (a version is never published before its batch is read).
+
+    Found by opening each candidate's exact path, `<weights_dir>/step_N/STABLE`, newest
+    first, which a network filesystem's client revalidates where it may answer a listing
+    from its cache (`orchestrator.handoff.step_dirs.newest_complete_step`; docs/design.md
+    §5). The rule is `published_versions`'s: a real step directory of `layout` holding
+    `STABLE`. A missing `weights_dir` means None. Raises OSError when `weights_dir` exists
+    but cannot be opened, ValueError for an unknown layout.
+    """
+    return newest_complete_step(weights_dir, STABLE_MARKER, above=above, up_to=up_to, layout=layout)
 
 
 def latest_published_version(weights_dir: Path, *, layout: StepLayout = "native") -> int:

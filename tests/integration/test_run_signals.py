@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import pytest
+
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 
 
@@ -113,11 +115,12 @@ def running(command: list[str]) -> Iterator[Daemon]:
 
 
 def test_a_signal_during_start_up_stops_the_run_before_anything_changes(
-    tmp_path: Path,
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     # The config file is a FIFO: the daemon blocks reading it, after `run` began and
     # before the config, the start-up checks or trio, so the signal lands in start-up.
-    fifo = tmp_path / "config.toml"
+    # On a local disk: a network filesystem (the network-mount test mode) has no FIFOs.
+    fifo = tmp_path_factory.mktemp("config") / "config.toml"
     os.mkfifo(fifo)
     run_dir = tmp_path / "run"
     root = run_dir / "payloads"

@@ -203,7 +203,7 @@ def test_status_reads_the_latest_version_in_the_configured_layout(tmp_path: Path
 
 
 async def test_start_up_waits_for_the_version_in_the_prime_rl_layout(tmp_path: Path) -> None:
-    # Real time: the autojump clock would jump while the listing runs in a worker thread.
+    # Real time: the autojump clock would jump while the probe runs in a worker thread.
     weights_dir = tmp_path / "broadcasts"
     done = trio.Event()
 
