@@ -5,7 +5,7 @@ export UV_PYTHON_DOWNLOADS := never
 UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 RUN := $(UV) run --frozen --python python3
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo demo-pd test test-netmount lint bench
 
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -16,6 +16,12 @@ demo: setup
 	rm -rf run/demo
 	$(RUN) orchestrator run --config configs/demo.toml
 
+# The demo with disaggregated prefill/decode: each local server is a router in front of a
+# prefill and a decode server, payloads by handle from both sides.
+demo-pd: setup
+	rm -rf run/pd
+	$(RUN) orchestrator run --config configs/pd.toml
+
 lint: setup
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
@@ -23,6 +29,14 @@ lint: setup
 
 test: lint
 	$(RUN) pytest -q
+
+# The integration, crash and shared-filesystem tests with their run directories and payload
+# roots on sshfs over loopback (tests/netmount/mount.sh: root and /dev/fuse; installs sshfs
+# and openssh-server when missing; skipped with the reason where it cannot mount): once
+# with the client's default caches, once with none.
+test-netmount: setup
+	ORCH_TEST_NETMOUNT=cache $(RUN) pytest -q tests/integration tests/fault tests/netmount
+	ORCH_TEST_NETMOUNT=nocache $(RUN) pytest -q tests/integration tests/fault tests/netmount
 
 bench: setup
 	$(UV) sync --frozen --python python3 --quiet --group bench

@@ -2,6 +2,9 @@
 
 It speaks vLLM's tokens-in/tokens-out generate API, answering in prime-rl's form (the
 default) or upstream vLLM's (`--reply-form upstream`); see orchestrator.sim.inference.
+With `--disaggregated` it serves a disaggregated prefill/decode deployment instead (a
+router in front of a prefill and a decode server, orchestrator.sim.pd_router), and the
+URL it prints is the router's.
 When the server is ready it prints one line, `listening on http://HOST:PORT`, on stdout
 (flushed), so a parent process can wait for it and learn the port chosen for `--port 0`.
 """
@@ -71,6 +74,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="do not capture sampling masks: replies carry sampling_mask null",
     )
+    pd = parser.add_argument_group("disaggregated prefill/decode")
+    pd.add_argument(
+        "--disaggregated",
+        action="store_true",
+        help="serve a P/D deployment: a router on --host/--port in front of a prefill and "
+        "a decode server on free loopback ports, both with these options",
+    )
+    pd.add_argument(
+        "--role",
+        choices=("aggregated", "prefill", "decode"),
+        default="aggregated",
+        help="serve one side of a P/D deployment instead of a whole server (default %(default)s)",
+    )
     replies.add_argument(
         "--payload-digests",
         action="store_true",
@@ -82,6 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     timing.add_argument("--request-overhead-s", type=float, default=0.0, help="fixed per request")
     timing.add_argument("--weight-update-s", type=float, default=0.0, help="per /update_weights")
+    timing.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=0,
+        help="requests generated at once, the rest queue (vLLM's setting; 0: no bound)",
+    )
     faults = parser.add_argument_group("fault injection (rates in [0, 1])")
     for name in _FAULT_FLAGS:
         faults.add_argument(f"--{name.replace('_', '-')}-rate", type=_rate, default=0.0)
@@ -130,6 +152,9 @@ def _config(args: argparse.Namespace) -> SimInferenceConfig:
             fault_seed=args.fault_seed,
             fsync=args.fsync,
             max_model_len=args.max_model_len,
+            role=args.role,
+            disaggregated=args.disaggregated,
+            max_num_seqs=args.max_num_seqs,
         )
     except ValueError as exc:
         # attrs validators name the field, which is the option with `_` for `-`.

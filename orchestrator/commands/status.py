@@ -238,6 +238,7 @@ def _progress_json(progress: Progress, now: float) -> dict[str, Any]:
         "last_collection_bound": progress.bound,
         # As of `updated_at`: the daemon saves progress after each batch and update.
         "inflight_rollouts": progress.inflight_rollouts,
+        "inflight_limit": progress.inflight_limit or None,
         "queued_samples": progress.queued_samples,
         "discards": dict(progress.discards),
         "failures": dict(progress.failures),
@@ -398,12 +399,18 @@ def _progress_facts(progress: Progress, now: float) -> list[tuple[str, str]]:
         ),
         (
             "in flight",
-            f"{progress.inflight_rollouts} rollouts, {queued} (as of {as_of})",
+            f"{progress.inflight_rollouts} rollouts{_limit_text(progress.inflight_limit)}, "
+            f"{queued} (as of {as_of})",
         ),
         ("discards", discards or "none"),
         *_failure_facts(progress),
         *_report_facts(progress, now),
     ]
+
+
+def _limit_text(limit: int) -> str:
+    """` (limit 96)`, or nothing when the limit was not recorded."""
+    return f" (limit {limit})" if limit else ""
 
 
 def _counts_text(counts: Mapping[str, int]) -> str:
@@ -422,7 +429,8 @@ def _report_facts(progress: Progress, now: float) -> list[tuple[str, str]]:
         return []
     parts = [
         f"step {line.step}, {line.queued_samples} of {line.needed_samples} samples ready, "
-        f"{line.inflight_rollouts} rollouts in flight, {line.rollouts_per_s:g} rollouts/s",
+        f"{line.inflight_rollouts} rollouts in flight{_limit_text(line.inflight_limit)}, "
+        f"{line.rollouts_per_s:g} rollouts/s",
         f"discards {_counts_text(line.discards)}" if any(line.discards.values()) else "no discards",
         f"failures {_counts_text(line.failures)}" if any(line.failures.values()) else "no failures",
     ]

@@ -32,6 +32,7 @@ from orchestrator.config.reply_limits import (
     derived_max_buffered_reply_bytes,
     derived_max_reply_bytes,
 )
+from orchestrator.core.inflight import INFLIGHT_MODES, InflightMode
 from orchestrator.core.staleness import Staleness
 from orchestrator.handoff.formats import BATCH_FORMATS, BatchFormat
 from orchestrator.handoff.step_dirs import STEP_LAYOUTS, StepLayout
@@ -134,13 +135,18 @@ class InferenceConfig:
     urls: tuple[str, ...] = attrs.field(default=(), validator=[http_urls, distinct_items])
     # The served model name sent as each request's `model` (vLLM checks it); "" sends none.
     model: str = ""
+    # The most rollouts in flight at once: the fixed limit, or the adaptive one's ceiling.
     max_inflight: int = attrs.field(default=64, validator=at_least(1))
+    # "adaptive": dispatch only what can finish fresh, learned from group turnaround and
+    # step time (orchestrator/core/inflight.py); "fixed": always max_inflight.
+    inflight_limit: InflightMode = attrs.field(default="adaptive", validator=one_of(INFLIGHT_MODES))
     request_timeout_s: float = attrs.field(default=600.0, validator=greater_than(0))
     retries: int = attrs.field(default=3, validator=at_least(0))
     retry_backoff_s: float = attrs.field(default=0.5, validator=at_least(0))
     # Every server unreachable for this long is fatal: the run stops with an error.
     unavailable_deadline_s: float = attrs.field(default=300.0, validator=greater_than(0))
-    # Prefill and decode on different servers behind a router.
+    # Prefill and decode on different servers behind a router (each URL is a router). With
+    # local servers ([sim] inference_servers), each is such a deployment.
     disaggregated: bool = False
     multi_node: bool = False
     # Bytes of one generate reply read before it is refused ("oversized"); 0 derives the
@@ -215,6 +221,8 @@ class SimConfig:
     # By handle, each segment carries its bytes' digest (this project's extension).
     payload_digests: bool = False
     time_per_token_s: float = attrs.field(default=0.0, validator=at_least(0))
+    # Requests each server generates at once, the rest queue (vLLM's max_num_seqs); 0: any.
+    max_num_seqs: int = attrs.field(default=0, validator=at_least(0))
     http_500_rate: float = attrs.field(default=0.0, validator=fraction)
     hang_rate: float = attrs.field(default=0.0, validator=fraction)
     malformed_rate: float = attrs.field(default=0.0, validator=fraction)
@@ -281,7 +289,6 @@ class Config:
 
     def __attrs_post_init__(self) -> None:
         _check_inference_source(self)
-        _check_payload_mode(self)
         _check_directories(self)
         _check_routing_shape(self)
         _check_reply_limits(self)
@@ -328,8 +335,9 @@ class Config:
         """Whether payloads travel by handle (files under the payload root), not inline.
 
         `payload.mode` "by_handle"/"inline" is taken as given. "auto" is by handle when
-        payload fields are requested, inference is not disaggregated, and either there is
-        more than one inference host or `inference.multi_node` is set; inline otherwise.
+        payload fields are requested and either there is more than one inference host or
+        `inference.multi_node` is set; inline otherwise. Disaggregated prefill/decode
+        takes either mode (docs/design.md §4).
         """
         return _choose_payload_mode(self)[0]
 
@@ -391,8 +399,6 @@ def _choose_payload_mode(config: Config) -> tuple[bool, str]:
         return mode == "by_handle", f'set explicitly: payload.mode = "{mode}"'
     if not config.payload.fields:
         return False, "auto: no payload fields requested"
-    if config.inference.disaggregated:
-        return False, "auto: disaggregated inference merges only inline routing"
     hosts = config.inference_hosts
     if len(hosts) > 1:
         return True, f"auto: {len(hosts)} inference hosts share the payload root"
@@ -417,16 +423,6 @@ def _check_inference_source(config: Config) -> None:
             "the local servers would replace them",
             value=urls,
             key="inference.urls",
-        )
-
-
-def _check_payload_mode(config: Config) -> None:
-    if config.payload.mode == "by_handle" and config.inference.disaggregated:
-        raise InvalidValue(
-            "cannot be used with inference.disaggregated = true: "
-            "a disaggregated prefill/decode router merges only inline routing",
-            value="by_handle",
-            key="payload.mode",
         )
 
 

@@ -89,13 +89,17 @@ class GroupResult:
     """All members of one group, as handed from the dispatcher to the sink.
 
     `server` is the URL of the inference server every member ran on (a group is pinned
-    to one); it goes into each shipped sample so a trainer can name it.
+    to one); it goes into each shipped sample so a trainer can name it. `dispatched_at`
+    (on the daemon's clock) and `dispatched_step` (the batch being filled then) say when
+    it was dispatched, for the in-flight limit (orchestrator/core/inflight.py).
     """
 
     group_id: str
     start_version: int
     rollouts: tuple[RolloutResult, ...]
     server: str | None = None
+    dispatched_at: float | None = None
+    dispatched_step: int | None = None
 
 
 def _segments_by_field(

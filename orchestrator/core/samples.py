@@ -91,7 +91,9 @@ def _stitch_segments(
     dropped = False
     if "routed_experts" in fields:
         routing = stitch_routing(
-            [t.segments["routed_experts"] for t in turns], length, final_token_route
+            [segment for t in turns for segment in _routing_segments(t)],
+            length,
+            final_token_route,
         )
         if routing is None:
             dropped = True
@@ -105,6 +107,15 @@ def _stitch_segments(
         if stitched:
             payload["sampling_mask"] = stitched
     return payload, dropped
+
+
+def _routing_segments(turn: TurnOutput) -> list[PayloadSegment]:
+    """A turn's routing segments in stitching order. Under disaggregated prefill/decode the
+    prefill side's comes first: each position takes its row from the first segment that
+    covers it, so the prefill's rows win where the sides overlap and the decode's supply
+    the rest, the rule of the router's inline merge."""
+    decode = turn.segments.get("routed_experts")
+    return [segment for segment in (turn.prefill_routing, decode) if segment is not None]
 
 
 def _stitch_inline(

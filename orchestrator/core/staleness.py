@@ -36,6 +36,11 @@ class Staleness:
         negative early in a run)."""
         return min_fresh_version(step, self.max_off_policy_steps)
 
+    def last_step(self, start_version: int) -> int:
+        """The last batch a group started under `start_version` may go into:
+        `start_version + 1 + m` (the inverse of `min_fresh_version`)."""
+        return start_version + 1 + self.max_off_policy_steps
+
     def may_ship(self, step: int, applied_version: int) -> bool:
         """The batch gate: batch `step` ships once the applied version is at least
         `step - 1 - a`."""

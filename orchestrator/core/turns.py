@@ -27,7 +27,10 @@ class TurnOutput:
     are still usable for the episode, but the rollout is never trained on. `segments`
     (by handle) and `inline` (field -> (array, position of its first row)) hold the
     payload fields the run trains with; a turn without a `sampling_mask` had no kept set
-    for any of its tokens.
+    for any of its tokens. `prefill_routing`, by handle under disaggregated
+    prefill/decode, is the prefill side's routing segment (the prompt rows it computed);
+    `segments["routed_experts"]` is then the decode side's, which supplies the positions
+    after the prefill's rows end (docs/design.md §4).
     """
 
     completion_ids: np.ndarray = attrs.field(converter=token_array, eq=ARRAY_EQ, hash=False)
@@ -39,3 +42,4 @@ class TurnOutput:
     )
     files: frozenset[str] = frozenset()
     poisoned: str | None = None
+    prefill_routing: PayloadSegment | None = None

@@ -96,7 +96,14 @@ class Dispatcher:
                 # Counted here, not in the task, so the gate sees it before the next pass.
                 self.state.inflight_rollouts += self.config.batch.group_size
                 self.pool.load[server] += self.config.batch.group_size
-                nursery.start_soon(self._run_group, group_id, prompt, server, self.results.clone())
+                nursery.start_soon(
+                    self._run_group,
+                    group_id,
+                    prompt,
+                    server,
+                    self.results.clone(),
+                    (trio.current_time(), self.state.next_step),
+                )
                 await trio.lowlevel.checkpoint()
 
     def _may_start(self) -> bool:
@@ -105,11 +112,26 @@ class Dispatcher:
         enough = config.batch.size * state.staleness.batches_in_flight
         return (
             state.may_start_groups()
-            and state.inflight_rollouts + config.batch.group_size <= config.inference.max_inflight
+            and state.inflight_rollouts + config.batch.group_size <= self._inflight_limit()
+            and self._enough_allowance()
             # Enough work in the pipe for the batches the gate allows, and no more:
             # anything beyond would only grow stale.
             and queued + state.inflight_rollouts < enough
         )
+
+    def _enough_allowance(self) -> bool:
+        """Whether a group dispatched now may see as many batches ship as a typical group
+        does before it would be stale. Capped at `m`, the allowance a group has once the
+        trainer has caught up: holding never stops the run, it waits for a version."""
+        state, staleness = self.state, self.config.staleness
+        allowance = staleness.last_step(state.applied_version) - state.next_step
+        return allowance >= min(state.min_allowance, staleness.max_off_policy_steps)
+
+    def _inflight_limit(self) -> int:
+        """The adaptive limit the daemon chose (orchestrator/core/inflight.py), else the
+        configured one."""
+        limit = self.state.inflight_limit
+        return self.config.inference.max_inflight if limit is None else limit
 
     async def _run_group(
         self,
@@ -117,6 +139,25 @@ class Dispatcher:
         prompt: Prompt,
         server: str,
         results: trio.MemorySendChannel[GroupResult],
+        dispatched: tuple[float, int],
+    ) -> None:
+        state = self.state
+        try:
+            await self._run_and_hand_on(group_id, prompt, server, results, dispatched)
+        finally:
+            # Counted until the sink has the group, not only while its requests run: a
+            # group waiting for its file check or for admission (behind a busy loop) is
+            # still work the in-flight limit must see, or more is dispatched meanwhile.
+            state.inflight_rollouts -= self.config.batch.group_size
+            state.notify()
+
+    async def _run_and_hand_on(
+        self,
+        group_id: str,
+        prompt: Prompt,
+        server: str,
+        results: trio.MemorySendChannel[GroupResult],
+        dispatched: tuple[float, int],
     ) -> None:
         state, size = self.state, self.config.batch.group_size
         start_version = state.applied_version
@@ -131,7 +172,6 @@ class Dispatcher:
                         nursery.start_soon(self._run_member, runs, index, group, prompt)
         finally:
             del state.groups[group_id]
-            state.inflight_rollouts -= size
             self.pool.load[server] -= size
             state.notify()
         if state.stopping:
@@ -154,7 +194,16 @@ class Dispatcher:
             for i, run in enumerate(runs)
         )
         async with results:
-            await results.send(GroupResult(group_id, start_version, rollouts, server=server))
+            await results.send(
+                GroupResult(
+                    group_id,
+                    start_version,
+                    rollouts,
+                    server=server,
+                    dispatched_at=dispatched[0],
+                    dispatched_step=dispatched[1],
+                )
+            )
 
     async def _check_files(self, runs: Sequence[RolloutRun]) -> None:
         """Check every segment file of the group on disk, in one worker-thread call.
@@ -182,14 +231,14 @@ class Dispatcher:
                 return [check_turn_files(t, files=opened, version=r.version) for r, _, t in checks]
 
         found = await trio.to_thread.run_sync(check_all, limiter=self.file_limiter)
-        # What servers wrote, counted as found on disk (never the sizes replies claim).
+        # What servers wrote, counted as found on disk (never the sizes replies claim):
+        # also the daemon's running account of the bytes on disk (docs/design.md §8).
         sizes = {
             (run.version, name): size
             for (run, _, _), turn_files in zip(checks, found, strict=True)
             for name, size in turn_files.sizes.items()
         }
-        self.state.files_written += len(sizes)
-        self.state.bytes_written += sum(sizes.values())
+        self.state.record_written(sizes)
         problems = [turn_files.problem for turn_files in found]
         bound = self.state.collection_bound
         for (run, index, turn), problem in zip(checks, problems, strict=True):

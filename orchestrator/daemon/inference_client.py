@@ -16,7 +16,13 @@ from payload_gc import PayloadRootFiles
 
 from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon.http11 import HTTP11Client, HTTPFailure
-from orchestrator.payload import PayloadError, check_within, open_version_dir, regular_file_size
+from orchestrator.payload import (
+    PayloadError,
+    check_within,
+    open_version_dir,
+    overlap_problem,
+    regular_file_size,
+)
 from orchestrator.wire import GENERATE_PATH, UPDATE_WEIGHTS_PATH, InferenceFailure
 
 JSON_HEADERS = (("content-type", "application/json"),)
@@ -35,9 +41,12 @@ class TurnFiles:
 def check_turn_files(turn: TurnOutput, *, files: PayloadRootFiles, version: int) -> TurnFiles:
     """Look at the turn's files in `v<version>` of the open payload root (payload_gc's
     fd-relative, no-follow access: a version directory that is a link or a mount point
-    is refused): each must be a regular file holding its segments' bytes. Blocking: one
-    `lstat` per file."""
-    checked = turn.poisoned is None and bool(turn.segments)
+    is refused): each must be a regular file holding its segments' bytes. Under
+    disaggregated prefill/decode the routing rows both sides wrote must agree: they are
+    read from both files and compared (`overlap_problem`). Blocking: one `lstat` per file,
+    and for a disaggregated turn one small read from each side's file."""
+    prefill = turn.prefill_routing
+    checked = turn.poisoned is None and (bool(turn.segments) or prefill is not None)
     try:
         directory = open_version_dir(files, version)
     except PayloadError as exc:
@@ -53,9 +62,13 @@ def check_turn_files(turn: TurnOutput, *, files: PayloadRootFiles, version: int)
     if not checked:
         return TurnFiles(None, sizes)
     if problem is None:
+        segments = [*turn.segments.values(), *([prefill] if prefill is not None else [])]
+        decode = turn.segments.get("routed_experts")
         try:
-            for segment in turn.segments.values():
+            for segment in segments:
                 check_within(segment, sizes[segment.file])
+            if prefill is not None and decode is not None:
+                problem = overlap_problem(directory, prefill, decode)
         except PayloadError as exc:
             problem = str(exc)
     return TurnFiles(problem, sizes)

@@ -42,6 +42,7 @@ class Tally:
     figures: Figures
     inflight: int
     completed: int
+    inflight_limit: int = 0
 
 
 def grown(now: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
@@ -61,6 +62,7 @@ def progress_line(before: Tally, now: Tally, elapsed_s: float) -> ProgressLine:
         queued_samples=figures.queued,
         needed_samples=figures.needed,
         inflight_rollouts=now.inflight,
+        inflight_limit=now.inflight_limit,
         interval_s=round(max(elapsed_s, 0.0), 1),
         rollouts_per_s=round(rate, 2),
         discards=grown(figures.discards, before.figures.discards),

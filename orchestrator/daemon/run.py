@@ -28,6 +28,7 @@ import trio
 
 from orchestrator.config import Config
 from orchestrator.core.environments import make_environment
+from orchestrator.core.inflight import InflightLimit
 from orchestrator.core.rollouts import GroupResult
 from orchestrator.core.sink import SinkLimits, TrainSink
 from orchestrator.daemon.dispatcher import Dispatcher
@@ -52,13 +53,6 @@ from orchestrator.handoff import Progress, save_progress
 
 log = structlog.get_logger("orchestrator")
 
-#: The payload root is walked (for the disk gauge and the "shipped batch" log line) after
-#: a shipped batch at most this often: a real run ships a batch every few seconds or more,
-#: so every batch is measured, while on a fast run the walks would take a noticeable share
-#: of the daemon's CPU (docs/benchmarks.md). The peak before each collection is measured
-#: by the collector's own scan in any case.
-PAYLOAD_MEASURE_INTERVAL_S = 1.0
-
 
 @attrs.frozen
 class RunOutcome:
@@ -79,9 +73,6 @@ class Daemon:
     state: RunState
     sink: TrainSink
     file_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(4))
-    # When the payload root was last walked, and the files it held then.
-    _measured_at: float = attrs.field(init=False, default=-math.inf)
-    _payload_files: int = attrs.field(init=False, default=0)
     # When the last batch shipped, on trio's clock (see orchestrator/daemon/stall.py).
     stall: StallWatch = attrs.field(
         init=False,
@@ -89,6 +80,11 @@ class Daemon:
             lambda self: StallWatch(self.config.progress.stall_warning_s, trio.current_time()),
             takes_self=True,
         ),
+    )
+    # The limit on rollouts in flight (see orchestrator/core/inflight.py).
+    inflight: InflightLimit = attrs.field(
+        init=False,
+        default=attrs.Factory(lambda self: inflight_limit(self.config), takes_self=True),
     )
     # The `progress` line (see orchestrator/daemon/progress_report.py).
     reporter: ProgressReporter = attrs.field(
@@ -111,6 +107,7 @@ class Daemon:
         task_status.started()
         async with results:
             async for group in results:
+                self._observe_turnaround(group)
                 files = self.sink.admit(group, self.state.next_step)
                 await self._delete(files, "discard")
                 self.state.notify()
@@ -153,9 +150,9 @@ class Daemon:
                 sink.unship(len(shipment.dropped))
             state.next_step = step + 1
             self.stall.shipped(trio.current_time(), self.figures())
+            self._decide_inflight_limit()
             state.notify()
             await self.save_progress()
-            await self._measure_payload()
             staleness = max(step - 1 - s.start_version for s in samples)
             extra = (
                 {}
@@ -174,19 +171,44 @@ class Daemon:
                 staleness=staleness,
                 discards=dict(sink.counters),
                 files_deleted=sum(state.files_deleted.values()),
-                payload_files=self._payload_files,
+                # The running account (docs/design.md §8): the root is not walked.
+                payload_files=state.payload_account.files,
                 payload_bytes=state.payload_bytes,
                 batch=str(shipment.path),
                 **extra,
             )
 
-    async def _measure_payload(self) -> None:
-        if trio.current_time() - self._measured_at < PAYLOAD_MEASURE_INTERVAL_S:
+    def _observe_turnaround(self, group: GroupResult) -> None:
+        """What the in-flight limit learns from a group the sink is about to take."""
+        if group.dispatched_at is None or group.dispatched_step is None:
             return
-        self._measured_at = trio.current_time()
-        files, on_disk = await measure_tree(self.config.payload_root, limiter=self.file_limiter)
-        self._payload_files = files
-        self.state.record_payload_bytes(on_disk)
+        last_step = self.config.staleness.last_step(group.start_version)
+        self.inflight.group_admitted(
+            trio.current_time() - group.dispatched_at,
+            allowance=last_step - group.dispatched_step,
+            stale=self.state.next_step > last_step,
+        )
+
+    def _decide_inflight_limit(self) -> None:
+        decision = self.inflight.shipped(trio.current_time())
+        if decision is None:
+            return
+        self.state.inflight_limit = decision.limit
+        self.state.min_allowance = decision.min_allowance
+        if decision.changed:
+            log.info(
+                "inflight limit",
+                limit=decision.limit,
+                previous=decision.previous,
+                min_allowance=decision.min_allowance,
+                turnaround_p90_s=round(decision.turnaround_p90_s, 3),
+                slack_used_p90=round(decision.slack_used_p90, 2),
+                step_time_s=round(decision.step_time_s, 3),
+                inflight_mean=round(decision.inflight_mean, 1),
+                groups=decision.groups,
+                stale_groups=decision.stale_groups,
+            )
+            self.state.notify()
 
     # -- the policy side: sweep after each collection ------------------------------------
 
@@ -210,6 +232,7 @@ class Daemon:
             applied_version=state.applied_version,
             bound=state.bound,
             inflight_rollouts=state.inflight_rollouts,
+            inflight_limit=state.inflight_limit or self.config.inference.max_inflight,
             queued_samples=sink.queued_samples,
             discards=dict(sink.counters),
             updated_at=time.time(),
@@ -273,7 +296,12 @@ class Daemon:
     def tally(self) -> Tally:
         """What the progress line reads of the run now."""
         state = self.state
-        return Tally(self.figures(), state.inflight_rollouts, state.rollouts["completed"])
+        return Tally(
+            self.figures(),
+            state.inflight_rollouts,
+            state.rollouts["completed"],
+            inflight_limit=state.inflight_limit or self.config.inference.max_inflight,
+        )
 
     async def serve_progress_report(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -290,6 +318,7 @@ class Daemon:
         deletion = await delete_files(self.config.payload_root, files, limiter=self.file_limiter)
         self.state.files_deleted[path] += deletion.files
         self.state.bytes_deleted[path] += deletion.bytes
+        self.state.record_files_deleted(self.config.payload_root, files, deletion)
         if deletion.problem_count:
             # Left in place: a version directory that became a link or a mount point, or
             # a file that cannot be deleted. The version collector reports them again.
@@ -303,6 +332,15 @@ class Daemon:
     async def drop_everything_queued(self) -> None:
         """At the end of a run: nothing queued will ever ship, so free its files now."""
         await self._delete(self.sink.drop_all(), "discard")
+
+
+def inflight_limit(config: Config) -> InflightLimit:
+    """The in-flight limit of `config`'s run: adaptive or fixed, below `max_inflight`."""
+    return InflightLimit(
+        config.inference.inflight_limit,
+        ceiling=config.inference.max_inflight,
+        group_size=config.batch.group_size,
+    )
 
 
 def sink_limits(config: Config) -> SinkLimits:
@@ -505,6 +543,8 @@ async def run_daemon(
             await nursery.start(policy.serve)
             await nursery.start(daemon.serve_admission, receive)
             await nursery.start(daemon.serve_shipper)
+            daemon.inflight.started(trio.current_time())
+            state.inflight_limit = daemon.inflight.limit
             await nursery.start(dispatcher.serve)
             await nursery.start(daemon.serve_stall_watch)
             await nursery.start(daemon.serve_progress_report)

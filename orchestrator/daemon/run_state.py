@@ -8,12 +8,17 @@ All components run in one trio thread, so plain attributes are safe as long as n
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import attrs
 import trio
+from payload_gc import FileRemoval
 
 from orchestrator.core.staleness import Staleness
+from orchestrator.daemon.payload_account import PayloadAccount, payload_file_key
 from orchestrator.daemon.rejections import Rejections
 from orchestrator.payload import RoutingShape
 
@@ -47,6 +52,12 @@ class RunState:
     next_step: int = 1  # the batch being filled
     bound: int | None = None  # the last collection bound
     inflight_rollouts: int = 0
+    # The limit on rollouts in flight the dispatcher obeys: the adaptive one's latest
+    # choice (orchestrator/core/inflight.py); None is `inference.max_inflight`.
+    inflight_limit: int | None = None
+    # The least allowance a group should be dispatched with (orchestrator/core/inflight.py):
+    # batches that may ship while it runs before it is stale.
+    min_allowance: int = 0
     groups: dict[str, InflightGroup] = attrs.field(factory=dict)
     # Outcomes of rollouts ("completed", "failed", "poisoned") and failures by kind.
     rollouts: Counter[str] = attrs.field(factory=Counter)
@@ -60,8 +71,12 @@ class RunState:
     bytes_deleted: Counter[str] = attrs.field(factory=Counter)
     files_written: int = 0
     bytes_written: int = 0
+    # Payload bytes on disk by the daemon's running account (no walk of the root: see
+    # orchestrator/daemon/payload_account.py), and the most the account ever held: its
+    # value right before a collection, where disk use peaks.
     peak_payload_bytes: int = 0
     payload_bytes: int = 0
+    payload_account: PayloadAccount = attrs.field(factory=PayloadAccount)
     stopping: bool = False
     # The model's routing shape every reply is checked against: from the config, or fixed
     # by the first reply of the run that carries routing (None until then).
@@ -105,6 +120,42 @@ class RunState:
         below it are deleted, or about to be (`bound` is set once that collection ends)."""
         return self.staleness.collection_bound(self.applied_version)
 
+    def record_written(self, sizes: Mapping[tuple[int, str], int]) -> None:
+        """Payload files a group's check found on disk, `(version, name) -> size`: counted
+        as written, and entered in the account, except in versions already collected (a
+        collection that ended while the check ran: those files are gone)."""
+        self.files_written += len(sizes)
+        self.bytes_written += sum(sizes.values())
+        bound = self.bound
+        if bound is not None:
+            sizes = {key: size for key, size in sizes.items() if key[0] >= bound}
+        self.payload_account.add(sizes)
+        self._account_changed()
+
+    def record_files_deleted(self, root: Path, paths: Iterable[str], removal: FileRemoval) -> None:
+        """A discard or sweep was asked to delete `paths` (`<root>/v<k>/<name>`) and did
+        what `removal` says: the files it deleted leave the account (those it left, in
+        `removal.left`, stay)."""
+        prefix = os.fspath(root)
+        left = set(removal.left)
+        keys = (payload_file_key(prefix, path) for path in paths)
+        self.payload_account.remove(key for key in keys if key is not None and key not in left)
+        self._account_changed()
+
+    def record_collected(self, bound: int, *, failed: Iterable[int] = ()) -> None:
+        """A collection removed every version below `bound`: their files leave the
+        account (busy files it left behind included: they go once closed), except those
+        of the `failed` versions, which it could not delete entirely (counted in full
+        until a collection succeeds)."""
+        self.payload_account.remove_below(bound, keep=failed)
+        self._account_changed()
+
     def record_payload_bytes(self, total: int) -> None:
+        """A measured total (a walk of the root, as at the end of a run), which replaces
+        the account's figure until the account next changes."""
         self.payload_bytes = total
         self.peak_payload_bytes = max(self.peak_payload_bytes, total)
+
+    def _account_changed(self) -> None:
+        self.payload_bytes = self.payload_account.bytes
+        self.peak_payload_bytes = max(self.peak_payload_bytes, self.payload_bytes)

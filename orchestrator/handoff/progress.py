@@ -52,7 +52,8 @@ class ProgressLine:
     """The figures of one `progress` log line (orchestrator/daemon/progress_report.py).
 
     `step` is the batch being filled, `queued_samples` the samples ready for it of the
-    `needed_samples` a batch takes, `inflight_rollouts` the rollouts running. Over the
+    `needed_samples` a batch takes, `inflight_rollouts` the rollouts running of the
+    `inflight_limit` the dispatcher obeys (0: not recorded). Over the
     `interval_s` seconds since the previous line (or the daemon's start):
     `rollouts_per_s` (completed rollouts), `discards` by reason and `failures` by kind
     (the reasons and kinds that grew only, as in the stall warning).
@@ -66,6 +67,7 @@ class ProgressLine:
     rollouts_per_s: float
     discards: Mapping[str, int] = attrs.field(factory=dict)
     failures: Mapping[str, int] = attrs.field(factory=dict)
+    inflight_limit: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The line's fields, as logged and as `progress.json` holds them."""
@@ -85,6 +87,7 @@ class ProgressLine:
             rollouts_per_s=float(raw["rollouts_per_s"]),
             discards=_counts(raw.get("discards")),
             failures=_counts(raw.get("failures")),
+            inflight_limit=int(raw.get("inflight_limit", 0)),
         )
 
 
@@ -106,6 +109,7 @@ class Progress:
     applied_version: int
     bound: int | None  # the last collection bound (None: no collection yet)
     inflight_rollouts: int = 0
+    inflight_limit: int = 0
     queued_samples: int = 0
     discards: Mapping[str, int] = attrs.field(factory=dict)
     updated_at: float = 0.0
@@ -140,6 +144,7 @@ def load_progress(state_dir: Path) -> Progress | None:
             applied_version=int(raw["applied_version"]),
             bound=None if raw["bound"] is None else int(raw["bound"]),
             inflight_rollouts=int(raw.get("inflight_rollouts", 0)),
+            inflight_limit=int(raw.get("inflight_limit", 0)),
             queued_samples=int(raw.get("queued_samples", 0)),
             discards={str(k): int(v) for k, v in dict(raw.get("discards", {})).items()},
             updated_at=float(raw.get("updated_at", 0.0)),

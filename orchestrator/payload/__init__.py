@@ -14,6 +14,9 @@ from ._errors import PayloadMissing as PayloadMissing
 from ._inline import decode_inline as decode_inline
 from ._inline import encode_inline as encode_inline
 from ._model_shape import RoutingShape as RoutingShape
+from ._overlap import overlap_problem as overlap_problem
+from ._overlap import overlap_rows as overlap_rows
+from ._overlap import read_rows as read_rows
 from ._reader import read_sample_payload as read_sample_payload
 from ._reader import read_segment as read_segment
 from ._routing import compact_routed_experts as compact_routed_experts
@@ -65,8 +68,11 @@ __all__ = [
     "is_digest_hex",
     "is_json_int",
     "open_version_dir",
+    "overlap_problem",
+    "overlap_rows",
     "payload_digest",
     "plan_routing",
+    "read_rows",
     "read_sample_payload",
     "read_segment",
     "regular_file_size",

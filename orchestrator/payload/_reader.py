@@ -23,6 +23,7 @@ from payload_gc import (
     PayloadRootFiles,
     RootMissing,
     VersionDir,
+    is_vanished,
     parse_version,
 )
 
@@ -30,6 +31,10 @@ from ._digest import payload_digest
 from ._errors import BadSegment, PayloadCorrupt, PayloadMissing
 from ._segment import FIELDS, PayloadSegment, stored_dtype
 from ._validate import open_version_dir, validate_segment
+
+#: How a file deleted elsewhere after it was opened is described: reading it then fails
+#: with a stale handle on NFS (`is_vanished`).
+REMOVED_WHILE_OPEN = "removed while it was open"
 
 
 def read_sample_payload(
@@ -204,7 +209,13 @@ class _PayloadFiles:
         view = memoryview(buffer)
         done = 0
         while done < length:
-            got = os.preadv(fd, [view[done:]], offset + done)
+            try:
+                got = os.preadv(fd, [view[done:]], offset + done)
+            except OSError as error:
+                if is_vanished(error):
+                    # Deleted by another host while open (NFS: a stale handle).
+                    raise PayloadMissing(path, REMOVED_WHILE_OPEN) from None
+                raise
             if got == 0:
                 # The file shrank since it was opened.
                 raise PayloadMissing(path, f"file ends at byte {offset + done}")
@@ -224,11 +235,11 @@ class _PayloadFiles:
         path = self._payload_dir / name
         try:
             fd = self._directory.open_file(name)
-        except FileNotFoundError:
-            raise PayloadMissing(path) from None
         except BadFileName as error:
             raise BadSegment("not_plain_name", name, str(error)) from None
         except OSError as error:
+            if is_vanished(error):
+                raise PayloadMissing(path) from None
             if error.errno == errno.ELOOP:
                 raise BadSegment("symlink", name, f"{str(path)!r} is a symbolic link") from None
             if error.errno in (errno.EISDIR, errno.EINVAL, errno.ENXIO):
@@ -236,7 +247,13 @@ class _PayloadFiles:
                     "not_regular_file", name, f"{str(path)!r} is not a regular file"
                 ) from None
             raise
-        size = os.fstat(fd).st_size
+        try:
+            size = os.fstat(fd).st_size
+        except OSError as error:
+            os.close(fd)
+            if is_vanished(error):
+                raise PayloadMissing(path, REMOVED_WHILE_OPEN) from None
+            raise
         self._files[name] = (fd, size)
         return fd, size
 

@@ -5,7 +5,9 @@ real protocol (orchestrator.wire, docs/protocol.md): vLLM's tokens-in/tokens-out
 `POST /inference/v1/generate`, answered as prime-rl's vLLM extension does (packed arrays
 inline, or segments by handle) or as upstream vLLM does (`reply_form`). `SimModel` and the
 pure functions below are what it computes, usable without a server (a test can recompute
-what a server returned).
+what a server returned). A server may be one side of disaggregated prefill/decode
+(`role`), or a whole P/D deployment behind a router (`disaggregated`,
+orchestrator.sim.pd_router).
 """
 
 from ._faults import Fault as Fault
@@ -18,6 +20,7 @@ from ._model import generate as generate
 from ._model import prefix_hashes as prefix_hashes
 from ._model import route as route
 from ._model import sample_completion as sample_completion
+from ._pd import SimRole as SimRole
 from .inference import REPLY_FORMS as REPLY_FORMS
 from .inference import ReplyForm as ReplyForm
 from .inference import SimInferenceConfig as SimInferenceConfig
@@ -33,6 +36,7 @@ __all__ = [
     "SamplingParams",
     "SimInferenceConfig",
     "SimModel",
+    "SimRole",
     "generate",
     "prefix_hashes",
     "route",

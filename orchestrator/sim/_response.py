@@ -150,15 +150,20 @@ def corrupt_segment(
 
 
 def render_response(
-    request_id: str, choices: list[dict[str, Any]], prompt_len: int
+    request_id: str,
+    choices: list[dict[str, Any]],
+    prompt_len: int,
+    *,
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The whole response body (vLLM's `GenerateResponse`), with token usage."""
+    """The whole response body (vLLM's `GenerateResponse`), with token usage;
+    `kv_transfer_params` is a P/D prefill server's announcement of its KV blocks."""
     completion_tokens = sum(len(choice["token_ids"]) for choice in choices)
     return {
         "request_id": request_id,
         "choices": choices,
         "prompt_logprobs": None,
-        "kv_transfer_params": None,
+        "kv_transfer_params": kv_transfer_params,
         "usage": {
             "prompt_tokens": prompt_len,
             "completion_tokens": completion_tokens,

@@ -103,6 +103,7 @@ class GenerateRequest:
     routing_start: int
     payload_dir: Path | None
     model: str | None = None
+    kv_transfer_params: dict[str, Any] | None = attrs.field(default=None, eq=False, hash=False)
 
 
 @attrs.frozen
@@ -203,6 +204,13 @@ def _payload_dir(params: dict[str, Any]) -> Path | None:
     return Path(value)
 
 
+def _kv_transfer_params(obj: dict[str, Any]) -> dict[str, Any] | None:
+    value = obj.get("kv_transfer_params")
+    if value is not None and not isinstance(value, dict):
+        raise BadRequest(f"kv_transfer_params must be an object, got {type(value).__name__}")
+    return value
+
+
 def _top_level(obj: dict[str, Any], served_model_name: str) -> tuple[str, str | None]:
     """The request id and the model named; refuses unknown keys, streaming and a model
     the server does not serve."""
@@ -288,6 +296,7 @@ def parse_generate_request(
         routing_start=routing_start,
         payload_dir=_payload_dir(params),
         model=requested_model,
+        kv_transfer_params=_kv_transfer_params(obj),
     )
 
 

@@ -26,7 +26,9 @@ def sim_model(config: Config) -> SimModel:
 def sim_inference_config(config: Config, index: int, *, port: int = 0) -> SimInferenceConfig:
     """Server `index` of the fleet; each draws its faults from its own seed. It serves
     the model under `[inference] model` when set (the name the daemon sends), so the
-    name check is exercised, else under the simulator's default name."""
+    name check is exercised, else under the simulator's default name. With `[inference]
+    disaggregated = true` each server is a P/D deployment: a router in front of a prefill
+    and a decode server, both with these settings (orchestrator.sim.pd_router)."""
     sim = config.sim
     return SimInferenceConfig(
         model=sim_model(config),
@@ -37,6 +39,7 @@ def sim_inference_config(config: Config, index: int, *, port: int = 0) -> SimInf
         capture_sampling_mask=sim.capture_sampling_mask,
         payload_digests=sim.payload_digests,
         time_per_token_s=sim.time_per_token_s,
+        max_num_seqs=sim.max_num_seqs,
         faults=FaultRates(
             http_500=sim.http_500_rate,
             hang=sim.hang_rate,
@@ -46,6 +49,7 @@ def sim_inference_config(config: Config, index: int, *, port: int = 0) -> SimInf
         ),
         fault_seed=abs(sim.fault_seed) * 1000 + index,
         fsync=config.payload.fsync,
+        disaggregated=config.inference.disaggregated,
     )
 
 

@@ -13,6 +13,14 @@
 - `POST /update_weights`: record a new weight directory and the version it names;
 - `GET /health`: served version, request counts, injected faults, payload bytes written.
 
+A server may also be one side of disaggregated prefill/decode (`role`): a prefill server
+answers only requests a P/D router prepared and announces the prompt's KV blocks in
+`kv_transfer_params`; a decode server needs those blocks and runs forward from the
+prompt's last token only, so its routing rows start there (padded with zero rows up to
+`routed_experts_prompt_start` inline, as prime-rl pads them for the router).
+`disaggregated = true` serves a whole P/D deployment instead: a router in front of a
+prefill and a decode server (orchestrator.sim.pd_router).
+
 Errors take vLLM's `ErrorResponse` shape. Latency and faults are configurable, and faults
 are drawn from a seeded generator, so a test or a demo can reproduce a flaky fleet.
 """
@@ -22,12 +30,15 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import attrs
 import numpy as np
+import numpy.typing as npt
 import structlog
 import trio
 
@@ -49,6 +60,15 @@ from ._asgi import (
 )
 from ._faults import Fault, FaultRates, draw_fault
 from ._model import Generation, SimModel, generate, prefix_hashes
+from ._pd import (
+    SIM_ROLES,
+    SimRole,
+    check_decode_request,
+    check_prefill_request,
+    kv_block_ids,
+    pad_rows,
+    prefill_kv_transfer_params,
+)
 from ._response import (
     corrupt_segment,
     error_body,
@@ -89,6 +109,11 @@ def _reply_form(_: object, attribute: attrs.Attribute[str], value: str) -> None:
         raise ValueError(f"{attribute.name} must be one of {', '.join(REPLY_FORMS)}, got {value!r}")
 
 
+def _role(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if value not in SIM_ROLES:
+        raise ValueError(f"{attribute.name} must be one of {', '.join(SIM_ROLES)}, got {value!r}")
+
+
 def _model_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
     if not value:
         raise ValueError(f"{attribute.name} must not be empty")
@@ -108,12 +133,20 @@ class SimInferenceConfig:
     - `payload_digests`: by handle, add each segment's `digest` (this project's extension).
     - `time_per_token_s`, `request_overhead_s`: the latency model, slept per request:
       overhead + time per token x the longest choice (choices decode in parallel).
+    - `max_num_seqs`: requests generated at once (vLLM's engine setting of that name);
+      the rest wait their turn, so past it turnaround grows with the requests sent.
+      0: no bound.
     - `weight_update_s`: how long `/update_weights` takes.
     - `faults`, `fault_seed`: fault rates and the seed of the generator they are drawn from.
     - `fsync`: fsync each payload file before closing it.
     - `max_model_len`: longest prompt + max_tokens accepted; an absent `max_tokens` is
       what the prompt leaves of it.
     - `worker_threads`: bound on concurrent model computations and on concurrent writes.
+    - `role`: "aggregated" (a whole server), or one side of disaggregated prefill/decode,
+      "prefill" or "decode" (see the module docstring).
+    - `disaggregated`: serve a P/D deployment on `host:port` (a router in front of a
+      prefill and a decode server, each with this config's other settings; their faults
+      drawn from seeds `2 * fault_seed` and `2 * fault_seed + 1`).
 
     Raises `ValueError` from the constructor when a field is out of range.
     """
@@ -136,6 +169,15 @@ class SimInferenceConfig:
     fsync: bool = False
     max_model_len: int = attrs.field(default=65536, validator=attrs.validators.ge(2))
     worker_threads: int = attrs.field(default=4, validator=attrs.validators.ge(1))
+    role: SimRole = attrs.field(default="aggregated", validator=_role)
+    disaggregated: bool = False
+    max_num_seqs: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+
+    def __attrs_post_init__(self) -> None:
+        if self.disaggregated and self.role != "aggregated":
+            raise ValueError(
+                f"role {self.role!r} is one side of a P/D deployment; disaggregated serves both"
+            )
 
 
 @attrs.define
@@ -146,13 +188,18 @@ class _ServerState:
     fault_rng: np.random.Generator
     compute_limiter: trio.CapacityLimiter
     write_limiter: trio.CapacityLimiter
+    seq_limiter: trio.CapacityLimiter  # max_num_seqs (inf: no bound)
     version: int = 0
     weight_dir: str | None = None
     requests_served: int = 0
     in_flight: int = 0
+    running: int = 0
     faults_served: Counter[str] = attrs.Factory(Counter)
     payload_files: int = 0
     payload_bytes: int = 0
+    # Where the server listens (known once bound) and the engine id a prefill announces.
+    url: str = ""
+    engine_id: str = attrs.Factory(lambda: uuid.uuid4().hex)
 
     @classmethod
     def fresh(cls, config: SimInferenceConfig) -> _ServerState:
@@ -161,31 +208,49 @@ class _ServerState:
             fault_rng=np.random.default_rng(config.fault_seed),
             compute_limiter=trio.CapacityLimiter(config.worker_threads),
             write_limiter=trio.CapacityLimiter(config.worker_threads),
+            seq_limiter=trio.CapacityLimiter(config.max_num_seqs or math.inf),
         )
 
     def health(self) -> dict[str, Any]:
         return {
             "status": "ok",
+            "role": self.config.role,
             "model": self.config.served_model_name,
             "version": self.version,
             "weight_dir": self.weight_dir,
             "requests_served": self.requests_served,
             "in_flight": self.in_flight,
+            # Of those, generating now (at most max_num_seqs); the rest wait their turn.
+            "running": self.running,
             "faults": {fault.value: self.faults_served[fault.value] for fault in Fault},
             "payload_files_written": self.payload_files,
             "payload_bytes_written": self.payload_bytes,
         }
 
 
-def _generate_all(model: SimModel, request: GenerateRequest, routing: bool) -> list[Generation]:
-    """Every choice of a request (CPU-bound numpy: runs in a worker thread)."""
+def _generate_all(
+    model: SimModel, request: GenerateRequest, routing: bool, role: SimRole
+) -> list[Generation]:
+    """Every choice of a request (CPU-bound numpy: runs in a worker thread). A decode
+    server runs forward from the prompt's last token (its KV came from the prefill), so
+    its routing rows start there whatever the request asked."""
     prompt = np.asarray(request.token_ids, dtype=np.int64)
     hashes = prefix_hashes(prompt)
-    start = request.routing_start if routing else None
+    start = request.routing_start if role != "decode" else len(prompt) - 1
     return [
-        generate(model, prompt, hashes, request.sampling, index, start)
+        generate(model, prompt, hashes, request.sampling, index, start if routing else None)
         for index in range(request.n)
     ]
+
+
+def _inline_routing(
+    generation: Generation, request: GenerateRequest
+) -> npt.NDArray[np.unsignedinteger] | None:
+    """The rows a choice carries inline: from the requested start (a decode server's
+    padded with zero rows up to it)."""
+    if generation.routed_experts is None:
+        return None
+    return pad_rows(generation.routed_experts, generation.routing_start, request.routing_start)
 
 
 def _inline_choices(
@@ -193,30 +258,27 @@ def _inline_choices(
 ) -> list[dict[str, Any]]:
     """Every choice of an inline reply (base64 of whole arrays: runs in a worker thread)."""
     mask_on = config.capture_sampling_mask
+    rows = [_inline_routing(g, request) for g in generations]
     if config.reply_form == "upstream":
         return [
             upstream_choice(
                 index,
                 g.completion,
                 logprobs=request.logprobs,
-                routing=g.routed_experts,
+                routing=routing,
                 mask=g.completion.sampling_mask if mask_on else None,
             )
-            for index, g in enumerate(generations)
+            for index, (g, routing) in enumerate(zip(generations, rows, strict=True))
         ]
     return [
         primerl_choice(
             index,
             g.completion,
             logprobs=request.logprobs,
-            routing=(
-                None
-                if g.routed_experts is None
-                else (narrow_routing(g.routed_experts), g.routing_start)
-            ),
+            routing=(None if routing is None else (narrow_routing(routing), request.routing_start)),
             mask=g.completion.sampling_mask if mask_on else None,
         )
-        for index, g in enumerate(generations)
+        for index, (g, routing) in enumerate(zip(generations, rows, strict=True))
     ]
 
 
@@ -303,6 +365,7 @@ class _InferenceApp:
                 max_model_len=config.max_model_len,
                 served_model_name=config.served_model_name,
             )
+            kv_transfer_params = self._check_role(request)
         except RequestRefused as exc:
             return exc.status, _encode(error_body(exc.status, str(exc)))
         # Upstream vLLM has no by-handle mode: it ignores payload_dir and answers inline.
@@ -317,12 +380,23 @@ class _InferenceApp:
             await wait_for_disconnect(receive)
             return None, b""
 
-        generations = await trio.to_thread.run_sync(
-            functools.partial(_generate_all, config.model, request, config.capture_routed_experts),
-            limiter=state.compute_limiter,
-        )
-        longest = max(len(g.completion.token_ids) for g in generations)
-        await trio.sleep(config.request_overhead_s + config.time_per_token_s * longest)
+        async with state.seq_limiter:
+            state.running += 1
+            try:
+                generations = await trio.to_thread.run_sync(
+                    functools.partial(
+                        _generate_all,
+                        config.model,
+                        request,
+                        config.capture_routed_experts,
+                        config.role,
+                    ),
+                    limiter=state.compute_limiter,
+                )
+                longest = max(len(g.completion.token_ids) for g in generations)
+                await trio.sleep(config.request_overhead_s + config.time_per_token_s * longest)
+            finally:
+                state.running -= 1
 
         if payload_dir is None:
             choices = await trio.to_thread.run_sync(
@@ -336,7 +410,9 @@ class _InferenceApp:
                 for index, generation in enumerate(generations)
             ]
         prompt_len = len(request.token_ids)
-        response = render_response(request.request_id, choices, prompt_len)
+        response = render_response(
+            request.request_id, choices, prompt_len, kv_transfer_params=kv_transfer_params
+        )
         encoded = await trio.to_thread.run_sync(_encode, response, limiter=state.compute_limiter)
         if draw.fault is Fault.MALFORMED:
             state.faults_served[Fault.MALFORMED.value] += 1
@@ -351,6 +427,20 @@ class _InferenceApp:
             response_bytes=len(encoded),
         )
         return 200, encoded
+
+    def _check_role(self, request: GenerateRequest) -> dict[str, Any] | None:
+        """Refuse a request this server's P/D role cannot serve (`BadRequest`); the
+        `kv_transfer_params` of the reply (a prefill's KV blocks, else None)."""
+        role = self.state.config.role
+        if role == "aggregated":
+            return None
+        blocks = kv_block_ids(prefix_hashes(np.asarray(request.token_ids, dtype=np.int64)))
+        if role == "decode":
+            check_decode_request(request.kv_transfer_params, blocks)
+            return None
+        check_prefill_request(request.kv_transfer_params)
+        host, _, port = self.state.url.removeprefix("http://").rpartition(":")
+        return prefill_kv_transfer_params(self.state.engine_id, host, int(port or 0), blocks)
 
     async def _by_handle_choice(
         self,
@@ -409,9 +499,15 @@ async def serve_inference(
     """Serve one simulated inference server until cancelled.
 
     Reports readiness with `task_status.started(url)`, the URL carrying the real port
-    when `config.port` is 0: `url = await nursery.start(serve_inference, config)`.
+    when `config.port` is 0: `url = await nursery.start(serve_inference, config)`. With
+    `config.disaggregated` it serves a P/D deployment and reports its router's URL.
     Raises `OSError` when the address cannot be bound.
     """
+    if config.disaggregated:
+        from orchestrator.sim.pd_router import serve_pd_deployment
+
+        await serve_pd_deployment(config, task_status=task_status)
+        return
     # Imported here: the CLI builds its parser from every command module, and hypercorn
     # is only needed by a process that actually serves.
     from hypercorn.config import Config as HypercornConfig
@@ -424,13 +520,15 @@ async def serve_inference(
     # Through stdlib logging, which `configure_logging` renders like everything else.
     hypercorn_config.errorlog = logging.getLogger("hypercorn.error")
     # The app speaks plain-dict ASGI (see _asgi.py) rather than hypercorn's TypedDicts.
-    app = cast("ASGIFramework", _InferenceApp(_ServerState.fresh(config)))
+    state = _ServerState.fresh(config)
+    app = cast("ASGIFramework", _InferenceApp(state))
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(functools.partial(serve, app, hypercorn_config))
-        url = binds[0]
+        url = state.url = binds[0]
         log.info(
             "inference server listening",
             url=url,
+            role=config.role,
             served_model_name=config.served_model_name,
             reply_form=config.reply_form,
             model=attrs.asdict(config.model),

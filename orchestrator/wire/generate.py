@@ -255,10 +255,50 @@ class _Rows:
 
     def routing_problem(self, pos: int, rows: int) -> str | None:
         if pos < 0 or pos + rows != self.routing_end or pos > self.routing_start:
+            hint = ""
+            if pos == self.prompt_len - 1 and pos + rows == self.routing_end:
+                # Where a decode server's first forward pass starts (docs/protocol.md).
+                hint = (
+                    ": they start where a disaggregated decode server's do; does the "
+                    "prefill/decode router drop the prefill side's rows?"
+                )
             return (
                 f"routed_experts rows {pos}..{pos + rows} do not span positions "
                 f"{self.routing_start}..{self.routing_end} (requested start to the last "
-                "token run forward)"
+                f"token run forward){hint}"
+            )
+        return None
+
+    def split_routing_problem(
+        self, prefill: PayloadSegment | None, decode: PayloadSegment | None
+    ) -> str | None:
+        """Disaggregated prefill/decode by handle: the prefill side's rows must start at or
+        before the requested start and lie in the prompt; the decode side's must reach the
+        last token run forward with no gap after the prefill's (they may overlap, the
+        shared rows are checked on disk). A decode side without routing is a router that
+        clipped it away: then the prefill's rows must reach the end themselves."""
+        if prefill is None:
+            return f"the prefill side sent no routed_experts segment: {_NO_ROUTING}"
+        prefill_end = prefill.pos + prefill.rows
+        if prefill.pos > self.routing_start or prefill_end > self.prompt_len:
+            return (
+                f"prefill routed_experts rows {prefill.pos}..{prefill_end} do not lie in "
+                f"the prompt (0..{self.prompt_len}) from the requested start "
+                f"{self.routing_start}"
+            )
+        if decode is None:
+            if prefill_end != self.routing_end:
+                return (
+                    f"no decode routed_experts segment, and the prefill's rows end at "
+                    f"{prefill_end}, not at the last token run forward ({self.routing_end})"
+                )
+            return None
+        decode_end = decode.pos + decode.rows
+        if decode_end != self.routing_end or decode.pos > prefill_end:
+            return (
+                f"decode routed_experts rows {decode.pos}..{decode_end} do not continue "
+                f"the prefill's rows (up to {prefill_end}) to the last token run forward "
+                f"({self.routing_end})"
             )
         return None
 
@@ -335,11 +375,18 @@ def _by_handle_turn(
     routing_shape: RoutingShape | None,
 ) -> TurnOutput:
     """The turn with its segments, the files they name (the only files the daemon ever
-    deletes on a server's word), and what is wrong with them."""
+    deletes on a server's word), and what is wrong with them.
+
+    A server writes one file per choice. Two files are the two sides of disaggregated
+    prefill/decode, forwarded by the router: the prefill side's segments first, then the
+    decode side's. The decode side's are the turn's (its completion, its mask); the
+    prefill side's routing covers the prompt, and its other segments (the mask of the one
+    token it sampled and the router threw away) are not trained on, though their file is
+    deleted with the rollout like any other.
+    """
     raw: object = None
     if _given(choice.payload):
         raw = msgspec.json.decode(choice.payload)
-    segments: dict[str, PayloadSegment] = {}
     files: set[str] = set()
     problem: str | None = None
     if _given(choice.payload_error):
@@ -356,6 +403,8 @@ def _by_handle_turn(
             )
         raw = []
     directory = str(payload_dir)
+    # Each file's segments, files in the order they first appear.
+    by_file: dict[str, list[PayloadSegment]] = {}
     for item in raw:
         try:
             segment = segment_from_wire(item, payload_dir)
@@ -363,11 +412,20 @@ def _by_handle_turn(
             problem = problem or f"bad segment: {exc}"
             continue
         files.add(f"{directory}/{segment.file}")
-        if segment.field in segments:
-            problem = problem or f"two segments for {segment.field}"
-        segments[segment.field] = segment
+        by_file.setdefault(segment.file, []).append(segment)
+    sides = list(by_file.values())
+    if len(sides) > 2:
+        problem = problem or (
+            f"the segments name {len(sides)} files: a choice has one, or two under "
+            "disaggregated prefill/decode (the prefill side's, then the decode side's)"
+        )
+    split = len(sides) == 2
+    segments, problem = _one_per_field(sides[-1] if sides else [], problem, "")
+    prefill, problem = _one_per_field(sides[0] if split else [], problem, " from the prefill side")
     if problem is None:
-        problem = _segments_problem(segments, fields, rows, routing_shape)
+        problem = _segments_problem(
+            segments, prefill if split else None, fields, rows, routing_shape
+        )
     kept = {field: s for field, s in segments.items() if field in fields}
     return TurnOutput(
         turn.completion_ids,
@@ -376,22 +434,45 @@ def _by_handle_turn(
         segments=kept,
         files=frozenset(files),
         poisoned=problem,
+        prefill_routing=prefill.get("routed_experts") if "routed_experts" in fields else None,
     )
+
+
+def _one_per_field(
+    side: Sequence[PayloadSegment], problem: str | None, whose: str
+) -> tuple[dict[str, PayloadSegment], str | None]:
+    """One side's segments by field, and the problem so far (two for one field is one)."""
+    segments: dict[str, PayloadSegment] = {}
+    for segment in side:
+        if segment.field in segments:
+            problem = problem or f"two segments for {segment.field}{whose}"
+        segments[segment.field] = segment
+    return segments, problem
 
 
 def _segments_problem(
     segments: Mapping[str, PayloadSegment],
+    prefill: Mapping[str, PayloadSegment] | None,
     fields: Sequence[str],
     rows: _Rows,
     routing_shape: RoutingShape | None,
 ) -> str | None:
+    """What is wrong with a turn's segments: the decode side's (or the only side's) in
+    `segments`, the prefill side's in `prefill` under disaggregated prefill/decode."""
     if "routed_experts" in fields:
         routing = segments.get("routed_experts")
-        if routing is None:
+        if prefill is not None:
+            prefill_routing = prefill.get("routed_experts")
+            problem = rows.split_routing_problem(prefill_routing, routing)
+            shapes = [s for s in (prefill_routing, routing) if s is not None]
+        elif routing is None:
             return _NO_ROUTING
-        problem = rows.routing_problem(routing.pos, routing.rows)
-        if problem is None and routing_shape is not None:
-            problem = routing_shape.problem(routing.shape[1:])
+        else:
+            problem = rows.routing_problem(routing.pos, routing.rows)
+            shapes = [routing]
+        for segment in shapes:
+            if problem is None and routing_shape is not None:
+                problem = routing_shape.problem(segment.shape[1:])
         if problem is not None:
             return problem
     mask = segments.get("sampling_mask")

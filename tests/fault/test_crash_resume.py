@@ -15,6 +15,11 @@ The same harness runs with `[trainer] format = "prime-rl"` (two data ranks, prim
 for prime-rl's), with fewer kills: every step's rank files appear at once, none is
 shipped twice or rewritten, and each resumed life continues after the last complete step.
 
+It runs once more with disaggregated prefill/decode by handle (each server process a
+router in front of a prefill and a decode server, `sim-inference --disaggregated`), one
+kill per phase: both sides' payload files of every rollout are collected or shipped like any
+other, and nothing below the bound is left.
+
 To reproduce a failure, run the same seed and `--kills`; the daemon's log of each life is
 in `<tmp_path>/logs/daemon-NNN.log`.
 """
@@ -311,13 +316,20 @@ def format_overrides(batch_format: BatchFormat, output_dir: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batch_format", ["native", "prime-rl"])
+@pytest.mark.parametrize(
+    ("batch_format", "disaggregated"),
+    [("native", False), ("prime-rl", False), ("native", True)],
+    ids=["native", "prime-rl", "pd"],
+)
 def test_sigkilled_daemon_resumes_without_loss_reshipping_or_stray_deletion(
-    tmp_path: Path, children: Children, kills: int, batch_format: BatchFormat
+    tmp_path: Path, children: Children, kills: int, batch_format: BatchFormat, disaggregated: bool
 ) -> None:
     if batch_format == "prime-rl":
         # The same phases, two kills each by default: the writer differs, not the daemon.
         kills = max(len(PHASES), kills * 2 // 5)
+    elif disaggregated:
+        # The same phases, one kill each by default: the fleet differs, not the daemon.
+        kills = max(len(PHASES), kills // 5)
     rng = random.Random(SEED)
     plans = draw_kill_plans(rng, kills)
     # Enough steps that kills aimed at new batches do not run out of them: a life killed
@@ -325,7 +337,8 @@ def test_sigkilled_daemon_resumes_without_loss_reshipping_or_stray_deletion(
     # while the daemon was down), and 14 steps for 20 kills ran out now and then.
     max_steps = max(20, kills)
     m = 2
-    servers = [start_sim_server(children, f"server-{i}") for i in range(2)]
+    server_options = ["--disaggregated"] if disaggregated else []
+    servers = [start_sim_server(children, f"server-{i}", extra=server_options) for i in range(2)]
     run_dir = tmp_path / "run"
     config_path = tmp_path / "run.toml"
     config = write_run_config(
@@ -338,6 +351,7 @@ def test_sigkilled_daemon_resumes_without_loss_reshipping_or_stray_deletion(
         "sim.trainer=false",
         urls_override([server.url for server in servers]),
         "inference.request_timeout_s=5.0",
+        f"inference.disaggregated={str(disaggregated).lower()}",
         *format_overrides(batch_format, tmp_path / "prime-rl-output"),
     )
     sentinel_beside = plant_tree(tmp_path / "beside-the-run")

@@ -5,6 +5,12 @@ The daemon runs in-process with its local fleet and trainer (`[sim] inference_se
 trainer = true`). The run must complete, count every failure by kind, never train on a
 poisoned rollout, leave no payload file it cannot explain, and never delete anything
 outside the payload root, not even the file a traversal segment names.
+
+The same run under disaggregated prefill/decode (each server a router in front of a
+prefill and a decode server, faults injected on both sides), by handle and inline. The
+router answers a side's cut-short reply with a 500, as the real one does, so there a
+malformed reply is counted as `http_5xx`; by handle, both sides' files of every rollout
+are deleted or collected like any other.
 """
 
 from __future__ import annotations
@@ -49,9 +55,17 @@ FAULTS = (
 )
 
 
-def faulty_config(run_dir: Path) -> Config:
+DEPLOYMENTS = {
+    "aggregated": (),
+    "pd-by-handle": ("inference.disaggregated=true",),
+    "pd-inline": ("inference.disaggregated=true", 'payload.mode="inline"'),
+}
+
+
+def faulty_config(run_dir: Path, *overrides: str) -> Config:
     return run_config(
         run_dir,
+        *overrides,
         f"max_steps={STEPS}",
         f"staleness.max_off_policy_steps={M}",
         *FAULTS,
@@ -140,11 +154,14 @@ def events(logs: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, An
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("deployment", list(DEPLOYMENTS))
 async def test_faulty_fleet_completes_counts_failures_and_never_trains_on_bad_payloads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deployment: str
 ) -> None:
     run_dir = tmp_path / "run"
-    config = faulty_config(run_dir)
+    config = faulty_config(run_dir, *DEPLOYMENTS[deployment])
+    by_handle = config.by_handle
+    disaggregated = config.inference.disaggregated
     # Where a traversal segment's name, `<root>/v<k>/../../etc/x.bin`, lands: a real file
     # that must survive every discard, sweep and collection.
     target = (config.payload_root / "v0" / TRAVERSAL_FILE_NAME).resolve()
@@ -164,22 +181,32 @@ async def test_faulty_fleet_completes_counts_failures_and_never_trains_on_bad_pa
 
     assert state.next_step == STEPS + 1 and state.settled_version == STEPS
     assert shipped_steps(config.batches_dir) == list(range(1, STEPS + 1))
-    # Every kind of fault was seen and counted, none was fatal.
-    for kind in ("http_5xx", "timeout", "malformed", "poisoned_payload"):
+    # Every kind of fault was seen and counted, none was fatal. Segment faults exist by
+    # handle only; the P/D router turns a side's cut-short reply into a 500.
+    kinds = ["http_5xx", "timeout"]
+    kinds += [] if disaggregated else ["malformed"]
+    kinds += ["poisoned_payload"] if by_handle else []
+    for kind in kinds:
         assert state.failures[kind] > 0, dict(state.failures)
-    assert state.rollouts["poisoned"] > 0, dict(state.rollouts)
-    # The spy saw the poisoned rollouts the dispatcher counted (groups still running at
-    # the end are cancelled, so some counted ones may never reach the sink).
-    assert 0 < len(poisoned_ids) <= state.rollouts["poisoned"]
-    assert outcome.sink.counters["untrainable"] > 0
-    # A traversal name was among the bad segments, and was refused, not followed.
-    # (Its texts are what the rejections remember; the log has one line per interval.)
-    reasons = [text for text, _ in state.rejections.most_common("poisoned_payload", 100)]
-    assert any("traversal" in reason for reason in reasons), reasons[:5]
-    assert any("payload_error" in reason for reason in reasons), reasons[:5]
-    lines = [e for e in events(logs, "rollout failure") if e["kind"] == "poisoned_payload"]
-    assert lines and all(e["log_level"] == "warning" for e in lines)
-    assert len(lines) < state.failures["poisoned_payload"]
+    if disaggregated:
+        assert state.failures["malformed"] == 0, dict(state.failures)
+    if not by_handle:
+        assert state.failures["poisoned_payload"] == 0, dict(state.failures)
+        assert state.rollouts["poisoned"] == 0 and not poisoned_ids
+    else:
+        assert state.rollouts["poisoned"] > 0, dict(state.rollouts)
+        # The spy saw the poisoned rollouts the dispatcher counted (groups still running at
+        # the end are cancelled, so some counted ones may never reach the sink).
+        assert 0 < len(poisoned_ids) <= state.rollouts["poisoned"]
+        assert outcome.sink.counters["untrainable"] > 0
+        # A traversal name was among the bad segments, and was refused, not followed.
+        # (Its texts are what the rejections remember; the log has one line per interval.)
+        reasons = [text for text, _ in state.rejections.most_common("poisoned_payload", 100)]
+        assert any("traversal" in reason for reason in reasons), reasons[:5]
+        assert any("payload_error" in reason for reason in reasons), reasons[:5]
+        lines = [e for e in events(logs, "rollout failure") if e["kind"] == "poisoned_payload"]
+        assert lines and all(e["log_level"] == "warning" for e in lines)
+        assert len(lines) < state.failures["poisoned_payload"]
 
     # No poisoned rollout was trained on: every shipped batch read back in full with its
     # digests verified, and no sample came from a poisoned rollout.
@@ -197,3 +224,14 @@ async def test_faulty_fleet_completes_counts_failures_and_never_trains_on_bad_pa
     referenced = referenced_files(config.batches_dir)
     assert unexplained_files(config.payload_root, bound, referenced) == []
     assert snapshot_tree(run_dir / "etc") == before
+    if by_handle:
+        # Discards deleted files as they went (under P/D, both sides' of each rollout):
+        # what is left in the fresh versions is what shipped or is still queued.
+        assert state.files_deleted["discard"] > 0, dict(state.files_deleted)
+    if by_handle and disaggregated:
+        # Every shipped sample's routing came from both sides' files.
+        for step in shipped_steps(config.batches_dir):
+            path = batch_step_dir(config.batches_dir, step) / BATCH_FILE
+            for sample in read_batch_file(path).samples:
+                routing = sample.payload["routed_experts"]
+                assert len({segment.file for segment in routing}) >= 2

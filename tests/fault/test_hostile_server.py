@@ -2,10 +2,12 @@
 
 Two local inference servers run the same model; the daemon reaches one directly and the
 other through a proxy that rewrites every generate reply (and, for some attacks, plants
-traps in the shared payload root). Canary files live outside the payload root: after every
-run each must still exist with its bytes. Attacks that poison only the hostile server's
-rollouts must also leave the run whole: the honest server fills the batches, the local
-trainer reads every payload byte, and the daemon never stops on a reply.
+traps in the shared payload root). The attacks already stopped also run against
+disaggregated prefill/decode deployments (a router in front of a prefill and a decode
+server), the prefill side's segment attacked. Canary files live outside the payload root:
+after every run each must still exist with its bytes. Attacks that poison only the hostile
+server's rollouts must also leave the run whole: the honest server fills the batches, the
+local trainer reads every payload byte, and the daemon never stops on a reply.
 """
 
 from __future__ import annotations
@@ -91,21 +93,32 @@ def daemon_config(arena: Arena, urls: list[str], *overrides: str) -> Config:
 
 
 @asynccontextmanager
-async def fleet(rewrite: Rewrite) -> AsyncIterator[list[str]]:
-    """An honest server and a hostile one (a proxy rewriting a second honest server)."""
+async def fleet(rewrite: Rewrite, *, disaggregated: bool = False) -> AsyncIterator[list[str]]:
+    """An honest server and a hostile one (a proxy rewriting a second honest server);
+    P/D deployments when `disaggregated`."""
     async with trio.open_nursery() as nursery:
-        honest = await nursery.start(serve_inference, SimInferenceConfig())
-        behind = await nursery.start(serve_inference, SimInferenceConfig(fault_seed=1))
+        honest = await nursery.start(
+            serve_inference, SimInferenceConfig(disaggregated=disaggregated)
+        )
+        behind = await nursery.start(
+            serve_inference, SimInferenceConfig(fault_seed=1, disaggregated=disaggregated)
+        )
         hostile = await nursery.start(serve_hostile_proxy, behind, rewrite)
         yield [honest, hostile]
         nursery.cancel_scope.cancel()
 
 
 async def run_attack(
-    arena: Arena, rewrite: Rewrite, *overrides: str, deadline_s: float = 90
+    arena: Arena,
+    rewrite: Rewrite,
+    *overrides: str,
+    deadline_s: float = 90,
+    disaggregated: bool = False,
 ) -> RunOutcome:
     """A whole run (`STEPS` batches) with one hostile server; fails past the deadline."""
-    async with fleet(rewrite) as urls:
+    if disaggregated:
+        overrides = (*overrides, "inference.disaggregated=true")
+    async with fleet(rewrite, disaggregated=disaggregated) as urls:
         with trio.fail_after(deadline_s):
             outcome = await run_daemon(daemon_config(arena, urls, *overrides))
     arena.assert_canaries_intact()
@@ -126,8 +139,10 @@ async def run_for(arena: Arena, rewrite: Rewrite, seconds: float) -> RunState:
 
 
 def routing(exchange: Exchange) -> dict[str, Any]:
-    (segment,) = [s for s in exchange.segments if s["field"] == "routed_experts"]
-    return segment
+    """The reply's routing segment (under P/D the prefill side's, the first of two)."""
+    segments = [s for s in exchange.segments if s["field"] == "routed_experts"]
+    assert len(segments) in (1, 2), segments
+    return segments[0]
 
 
 def rewriting(change: Callable[[Exchange], None]) -> Rewrite:
@@ -258,11 +273,19 @@ def _plant_link(arena: Arena) -> Callable[[Exchange], str]:
     return name_of
 
 
+ATTACKS = ["traversal", "absolute", "symlinked_file", "past_the_end", "huge_shape", "bad_dtype"]
+# Under P/D the containment attacks (a segment naming a file outside payload_dir).
+PD_ATTACKS = ["traversal", "absolute", "symlinked_file"]
+
+
 @pytest.mark.parametrize(
-    "attack",
-    ["traversal", "absolute", "symlinked_file", "past_the_end", "huge_shape", "bad_dtype"],
+    ("attack", "disaggregated"),
+    [(attack, False) for attack in ATTACKS] + [(attack, True) for attack in PD_ATTACKS],
+    ids=[*ATTACKS, *(f"{attack}-pd" for attack in PD_ATTACKS)],
 )
-async def test_attacks_already_stopped_stay_stopped(arena: Arena, attack: str) -> None:
+async def test_attacks_already_stopped_stay_stopped(
+    arena: Arena, attack: str, disaggregated: bool
+) -> None:
     if attack == "traversal":
         rewrite = _file_attack(arena, lambda e: f"{e.payload_dir}/../../../outside/canary0")
     elif attack == "absolute":
@@ -275,7 +298,7 @@ async def test_attacks_already_stopped_stay_stopped(arena: Arena, attack: str) -
         rewrite = rewriting(lambda e: routing(e).update(rows=1 << 20, shape=[1 << 20, 1 << 20]))
     else:
         rewrite = rewriting(lambda e: routing(e).update(dtype="float64"))
-    outcome = await run_attack(arena, rewrite)
+    outcome = await run_attack(arena, rewrite, disaggregated=disaggregated)
     assert outcome.state.failures["poisoned_payload"] > 0
 
 

@@ -1,21 +1,26 @@
 """The daemon end to end against servers answering in each real reply form: prime-rl's
-extension by handle and inline, upstream vLLM inline, over loopback HTTP with the local
-trainer reading every payload byte; and the two ways a real server can be set up wrong
-for the run, each refused with its reason instead of training on nothing."""
+extension by handle and inline, upstream vLLM inline, each also under disaggregated
+prefill/decode (a router in front of a prefill and a decode server), over loopback HTTP
+with the local trainer reading every payload byte; and the two ways a real server can be
+set up wrong for the run, each refused with its reason instead of training on nothing."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import trio
 
+import orchestrator.daemon.shipping as shipping_module
 from orchestrator.commands.summary import check_invariants
 from orchestrator.config import Config, load_config
 from orchestrator.daemon.run import run_daemon
 from orchestrator.daemon.run_state import RunState
-from orchestrator.handoff import BATCH_FILE, read_batch, read_batch_file
+from orchestrator.handoff import BATCH_FILE, TrainSample, read_batch, read_batch_file
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 STEPS = 3
@@ -37,14 +42,17 @@ def form_config(run_dir: Path, form: str, mode: str, *overrides: str) -> Config:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("disaggregated", [False, True], ids=["aggregated", "pd"])
 @pytest.mark.parametrize(
     ("form", "mode"),
     [("prime-rl", "by_handle"), ("prime-rl", "inline"), ("upstream", "inline")],
 )
 async def test_each_real_reply_form_trains_with_routing_and_keeps_every_invariant(
-    tmp_path: Path, form: str, mode: str
+    tmp_path: Path, form: str, mode: str, disaggregated: bool
 ) -> None:
-    config = form_config(tmp_path / "run", form, mode)
+    config = form_config(
+        tmp_path / "run", form, mode, f"inference.disaggregated={str(disaggregated).lower()}"
+    )
     with trio.fail_after(120):
         outcome = await run_daemon(config)
     assert outcome.state.next_step == STEPS + 1
@@ -68,6 +76,14 @@ async def test_each_real_reply_form_trains_with_routing_and_keeps_every_invarian
         for sample in read_batch_file(config.batches_dir / f"step_{step:06d}" / BATCH_FILE).samples
     ]
     assert report["payload_bytes"] >= sum(lengths) * 48 * 8
+    if mode == "by_handle" and disaggregated:
+        # Every shipped sample's routing comes from both sides' files: the prefill's for
+        # the prompt, the decode's after it.
+        for step in range(1, STEPS + 1):
+            batch_file = read_batch_file(config.batches_dir / f"step_{step:06d}" / BATCH_FILE)
+            for shipped in batch_file.samples:
+                files = {segment.file for segment in shipped.payload["routed_experts"]}
+                assert len(files) >= 2
     if mode == "inline":
         # Every sample of the last batch carries routing over its whole sequence;
         # multi-turn samples were stitched from turns that each asked for their new rows.
@@ -111,3 +127,56 @@ async def test_a_server_without_routing_capture_is_refused_with_the_reason(
     assert state.failures["poisoned_payload"] > 0
     top = state.rejections.most_common("poisoned_payload", 1)
     assert "routed_experts" in top[0][0], top
+
+
+def record_shipped_arrays(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
+    """Every sample's token ids, routing and mask, by rollout id, read (digests verified)
+    right after its batch is published: once the trainer has read a batch, its oldest
+    payload versions are collected by design."""
+    samples: dict[str, dict[str, Any]] = {}
+    publish = shipping_module.publish_batch_async
+
+    async def publish_then_read(
+        batches_dir: Path, step: int, train_samples: Sequence[TrainSample], **kwargs: Any
+    ) -> Path:
+        batch_dir = await publish(batches_dir, step, train_samples, **kwargs)
+        batch = await trio.to_thread.run_sync(lambda: read_batch(batch_dir, verify=True))
+        for sample in batch.samples:
+            samples[sample.rollout_id] = {
+                "token_ids": sample.token_ids,
+                "routed_experts": sample.routed_experts,
+                "sampling_mask": sample.sampling_mask,
+            }
+        return batch_dir
+
+    monkeypatch.setattr(shipping_module, "publish_batch_async", publish_then_read)
+    return samples
+
+
+@pytest.mark.slow
+async def test_pd_inline_and_by_handle_ship_bitwise_equal_tensors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same seed under P/D, once inline (the router merges the routing) and once by
+    handle (the daemon stitches both sides' files): a rollout both runs shipped has the
+    same tokens, routing and masks, dtype and bytes."""
+    shipped = {}
+    for mode in ("inline", "by_handle"):
+        config = form_config(tmp_path / mode, "prime-rl", mode, "inference.disaggregated=true")
+        with monkeypatch.context() as patch:
+            samples = record_shipped_arrays(patch)
+            with trio.fail_after(120):
+                outcome = await run_daemon(config)
+        assert outcome.state.next_step == STEPS + 1
+        assert outcome.state.failures["poisoned_payload"] == 0
+        assert len(samples) == STEPS * 16
+        shipped[mode] = samples
+    both = shipped["inline"].keys() & shipped["by_handle"].keys()
+    # Groups start in the same order from the same seed; which finish first varies.
+    assert len(both) >= 8, (len(shipped["inline"]), len(both))
+    for rollout_id in both:
+        for field, inline in shipped["inline"][rollout_id].items():
+            by_handle = shipped["by_handle"][rollout_id][field]
+            assert isinstance(inline, np.ndarray) and isinstance(by_handle, np.ndarray)
+            assert inline.dtype == by_handle.dtype, (rollout_id, field)
+            assert inline.tobytes() == by_handle.tobytes(), (rollout_id, field)

@@ -149,3 +149,46 @@ def test_cli_rejects_bad_options_with_one_line(args: list[str], message: str) ->
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_cli_serves_a_prefill_decode_deployment(tmp_path: Path) -> None:
+    process = _spawn(
+        "--port", "0", "--layers", "4", "--num-experts", "16", "--top-k", "2", "--disaggregated"
+    )
+    timer = _kill_after(process, 30)
+    try:
+        url = _ready(process)
+        health = httpx.get(f"{url}/health", timeout=5).json()
+        assert health["role"] == "router"
+        assert (health["prefill"]["role"], health["decode"]["role"]) == ("prefill", "decode")
+        body: dict[str, Any] = {
+            "request_id": "cli",
+            "token_ids": [1, 2, 3, 4, 5],
+            "sampling_params": {
+                "max_tokens": 4,
+                "routed_experts_prompt_start": 1,
+                "extra_args": {"payload_dir": str(tmp_path / "v0")},
+            },
+        }
+        reply = httpx.post(f"{url}/inference/v1/generate", json=body, timeout=5).json()
+        segments = reply["choices"][0]["payload"]
+        # The prefill side's segments, then the decode side's, in two files.
+        assert [(s["field"], s["pos"]) for s in segments][:2] == [
+            ("routed_experts", 1),
+            ("sampling_mask", 5),
+        ]
+        assert (segments[2]["field"], segments[2]["pos"]) == ("routed_experts", 4)
+        assert len({s["file"] for s in segments}) == 2
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    finally:
+        timer.cancel()
+        process.kill()
+        process.communicate()
+
+
+def test_cli_refuses_a_side_that_is_also_a_deployment() -> None:
+    process = _spawn("--disaggregated", "--role", "decode")
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 2, (out, err)
+    assert "one side" in err and len(err.strip().splitlines()) == 1

@@ -182,12 +182,6 @@ BAD_INPUTS: list[tuple[str, str, list[str], str]] = [
         ['trainer.batches_dir="w"', 'trainer.weights_dir="w"'],
         "trainer.batches_dir",
     ),
-    (
-        "by_handle with disaggregated",
-        MINIMAL,
-        ['payload.mode="by_handle"', "inference.disaggregated=true"],
-        "merges only inline routing",
-    ),
     ("no inference", 'run_dir = "run"\n', [], "inference.urls"),
     ("urls and local servers", MINIMAL, ["sim.inference_servers=2"], "inference.urls"),
     ("bad URL scheme", MINIMAL, ['inference.urls=["ftp://a:1"]'], "inference.urls[0]"),

@@ -9,7 +9,6 @@ import pytest
 
 from orchestrator.config import (
     Config,
-    ConfigError,
     InferenceConfig,
     PayloadConfig,
     PayloadMode,
@@ -56,7 +55,9 @@ def test_auto_truth_table(
         multi_node=multi_node,
         disaggregated=disaggregated,
     )
-    expected = fields and (many_hosts or multi_node) and not disaggregated
+    # Disaggregated prefill/decode takes either mode: the router forwards both sides'
+    # segments by handle, merges routing inline.
+    expected = fields and (many_hosts or multi_node)
     assert config.by_handle is expected
     assert config.payload_mode_reason.startswith("auto: ")
 
@@ -90,16 +91,19 @@ def test_inline_with_disaggregated_is_allowed() -> None:
     assert make(mode="inline", disaggregated=True).by_handle is False
 
 
-def test_by_handle_with_disaggregated_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"merges only inline routing"):
-        make(mode="by_handle", disaggregated=True)
+def test_by_handle_with_disaggregated_is_allowed() -> None:
+    config = make(mode="by_handle", disaggregated=True)
+    assert config.by_handle is True
+    assert config.payload_mode_reason == 'set explicitly: payload.mode = "by_handle"'
 
 
 def test_reasons_name_the_deciding_fact() -> None:
     assert make(fields=False, urls=TWO_HOSTS).payload_mode_reason == (
         "auto: no payload fields requested"
     )
-    assert "disaggregated" in make(urls=TWO_HOSTS, disaggregated=True).payload_mode_reason
+    assert make(urls=TWO_HOSTS, disaggregated=True).payload_mode_reason == (
+        "auto: 2 inference hosts share the payload root"
+    )
     assert make(urls=TWO_HOSTS).payload_mode_reason == (
         "auto: 2 inference hosts share the payload root"
     )

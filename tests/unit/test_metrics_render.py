@@ -146,6 +146,7 @@ def busy_state() -> RunState:
     state.next_step = 6
     state.bound = 2
     state.inflight_rollouts = 7
+    state.inflight_limit = 40
     state.rollouts.update(completed=40, failed=2, poisoned=1)
     state.failures.update(connect=2, poisoned_payload=1)
     state.files_deleted.update(discard=11, sweep=3, collection=120)
@@ -186,6 +187,7 @@ FAMILIES = {
     "orchestrator_collection_bound": "gauge",
     "orchestrator_staleness_steps": "gauge",
     "orchestrator_inflight_rollouts": "gauge",
+    "orchestrator_inflight_limit": "gauge",
     "orchestrator_queued_samples": "gauge",
     "orchestrator_samples_shipped_total": "counter",
     "orchestrator_collection_duration_seconds": "histogram",
@@ -280,6 +282,7 @@ def test_plain_figures_equal_the_state_and_sink() -> None:
     # next_step - 1 - applied_version
     assert value(families, "orchestrator_staleness_steps") == 6 - 1 - 3
     assert value(families, "orchestrator_inflight_rollouts") == state.inflight_rollouts == 7
+    assert value(families, "orchestrator_inflight_limit") == state.inflight_limit == 40
     assert value(families, "orchestrator_queued_samples") == sink.queued_samples == 2
     assert value(families, "orchestrator_samples_shipped_total") == sink.shipped == 2
 

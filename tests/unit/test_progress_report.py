@@ -32,6 +32,7 @@ def tally(
     discards: dict[str, int] | None = None,
     failures: dict[str, int] | None = None,
     idle: bool = False,
+    limit: int = 96,
 ) -> Tally:
     figures = Figures(
         step=3,
@@ -43,7 +44,7 @@ def tally(
         discards={**NO_DISCARDS, **(discards or {})},
         failures=failures or {},
     )
-    return Tally(figures, inflight=inflight, completed=completed)
+    return Tally(figures, inflight=inflight, completed=completed, inflight_limit=limit)
 
 
 # -- the line's fields ---------------------------------------------------------------------
@@ -54,13 +55,15 @@ def test_a_line_has_the_state_now_and_the_rate_and_deltas_since_before() -> None
     now = tally(
         completed=400,
         inflight=64,
+        limit=80,
         queued=7,
         discards={"untrainable": 340, "stale": 3},
         failures={"http_5xx": 2, "malformed": 9},
     )
     line = progress_line(before, now, 30.0)
     assert (line.step, line.queued_samples, line.needed_samples) == (3, 7, 16)
-    assert line.inflight_rollouts == 64
+    # The rollouts in flight now, and the limit the dispatcher obeys now.
+    assert (line.inflight_rollouts, line.inflight_limit) == (64, 80)
     assert (line.interval_s, line.rollouts_per_s) == (30.0, 10.0)
     # Only the reasons and kinds that grew, by how much.
     assert line.discards == {"untrainable": 300, "stale": 3}
@@ -85,6 +88,7 @@ def test_the_log_fields_are_the_json_fields() -> None:
         "rollouts_per_s": 1.0,
         "discards": {"pruned": 2},
         "failures": {},
+        "inflight_limit": 96,
     }
 
 

@@ -142,8 +142,13 @@ class RunCollector:
         )
         yield GaugeMetricFamily(
             f"{p}inflight_rollouts",
-            "Rollouts dispatched and not finished.",
+            "Rollouts dispatched and not yet handed to the sink.",
             value=state.inflight_rollouts,
+        )
+        yield GaugeMetricFamily(
+            f"{p}inflight_limit",
+            "The most rollouts the dispatcher lets run at once now (adaptive or fixed).",
+            value=state.inflight_limit or 0,
         )
         yield GaugeMetricFamily(
             f"{p}queued_samples",
