@@ -19,7 +19,7 @@ import posixpath
 from pathlib import Path
 from typing import Any
 
-from payload_gc import plain_name_problem
+from payload_gc import is_busy_name, plain_name_problem
 
 from orchestrator.payload import FIELD_NDIM, FIELDS, BadSegment, PayloadSegment, is_digest_hex
 
@@ -111,6 +111,10 @@ def _name_in(file: str, payload_dir: Path) -> str:
     """The bare name of `file` when it is a direct child of `payload_dir`, spelled plainly."""
     directory, name = posixpath.split(file)
     problem = plain_name_problem(name)
+    if problem is None and is_busy_name(name):
+        # The collector never deletes such a name (a filesystem's own, for a file deleted
+        # while open): a payload under it would pin its version directory for good.
+        problem = f"{name!r} is named like a file deleted while still open (.nfs*, .fuse_hidden*)"
     if problem is not None:
         raise BadSegment("not_plain_name", file, problem)
     if (

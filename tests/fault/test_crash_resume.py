@@ -94,10 +94,11 @@ def draw_kill_plans(rng: random.Random, kills: int) -> list[KillPlan]:
     plans = []
     for phase in phases:
         if phase == "startup":
-            # The interpreter's imports take ~1 s from spawn, the start-up sync a few
+            # The interpreter's imports take 0.6 to 1 s from spawn (a run was seen
+            # dispatching 0.85 s after it on an idle machine), the start-up sync a few
             # hundred ms after them. Alternate between the two.
             in_sync = sum(p.phase == "startup" for p in plans) % 2 == 1
-            delay = rng.uniform(0.0, 0.15) if in_sync else rng.uniform(0.0, 1.0)
+            delay = rng.uniform(0.0, 0.15) if in_sync else rng.uniform(0.0, 0.5)
             plans.append(KillPlan(phase, delay, in_sync=in_sync))
         elif phase == "dispatch":
             plans.append(KillPlan(phase, rng.uniform(0.02, 0.6)))

@@ -132,6 +132,10 @@ def test_files_outside_the_payload_dir_are_traversal(file: str) -> None:
         "..",
         f"{PAYLOAD_DIR}/a\\b.bin",
         f"{PAYLOAD_DIR}/a\0.bin",
+        # Names a filesystem gives files deleted while open: the collector never deletes
+        # them, so a payload under one would keep its version directory for good.
+        f"{PAYLOAD_DIR}/.nfs000000000123abcd00000001",
+        f"{PAYLOAD_DIR}/.fuse_hidden0000000a00000001",
     ],
 )
 def test_names_that_are_not_plain_are_refused(file: str) -> None:
