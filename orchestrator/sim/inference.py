@@ -43,16 +43,12 @@ import structlog
 import trio
 
 from orchestrator.payload import write_payload
-from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH
 from orchestrator.wire.segments import segment_to_wire
 
 from ._asgi import (
-    BodyTooLarge,
-    ClientGone,
     Receive,
     Scope,
     Send,
-    read_body,
     send_bytes,
     send_json,
     serve_lifespan,
@@ -77,6 +73,7 @@ from ._response import (
     render_response,
     upstream_choice,
 )
+from ._routes import request_body, route_request, send_error
 from ._wire import GenerateRequest, RequestRefused, parse_generate_request, parse_weight_update
 
 __all__ = [
@@ -94,9 +91,6 @@ ReplyForm = Literal["prime-rl", "upstream"]
 REPLY_FORMS: tuple[ReplyForm, ...] = ("prime-rl", "upstream")
 #: The model name a server answers to unless told otherwise.
 DEFAULT_SERVED_MODEL_NAME = "sim-moe"
-
-# 8,000 prompt tokens are ~50 kB of JSON; anything near this is a client bug.
-_MAX_BODY_BYTES = 64 * 2**20
 
 
 def _non_negative(_: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -286,10 +280,6 @@ def _encode(body: dict[str, Any]) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-async def _send_error(send: Send, status: int, message: str) -> None:
-    await send_json(send, status, error_body(status, message))
-
-
 @attrs.frozen
 class _InferenceApp:
     """The ASGI application: routes requests to handlers over one `_ServerState`."""
@@ -302,36 +292,26 @@ class _InferenceApp:
             return
         if scope["type"] != "http":
             return
-        route = (scope["method"], scope["path"])
-        if route == ("POST", GENERATE_PATH):
-            await self._generate(receive, send)
-        elif route == ("POST", UPDATE_WEIGHTS_PATH):
-            await self._update_weights(receive, send)
-        elif route == ("GET", HEALTH_PATH):
-            await send_json(send, 200, self.state.health())
-        elif scope["path"] in (GENERATE_PATH, UPDATE_WEIGHTS_PATH, HEALTH_PATH):
-            await _send_error(send, 405, f"Method {scope['method']} not allowed")
-        else:
-            await _send_error(send, 404, f"No route {scope['path']}")
+        await route_request(
+            scope,
+            receive,
+            send,
+            generate=self._generate,
+            update_weights=self._update_weights,
+            health=self._health,
+        )
 
-    async def _body(self, receive: Receive, send: Send) -> bytes | None:
-        """The request body, or None after answering 413 (or seeing the client leave)."""
-        try:
-            return await read_body(receive, limit=_MAX_BODY_BYTES)
-        except ClientGone:
-            return None
-        except BodyTooLarge:
-            await _send_error(send, 413, f"body larger than {_MAX_BODY_BYTES} bytes")
-            return None
+    async def _health(self, send: Send) -> None:
+        await send_json(send, 200, self.state.health())
 
     async def _update_weights(self, receive: Receive, send: Send) -> None:
-        body = await self._body(receive, send)
+        body = await request_body(receive, send)
         if body is None:
             return
         try:
             update = parse_weight_update(body)
         except RequestRefused as exc:
-            await _send_error(send, exc.status, str(exc))
+            await send_error(send, exc.status, str(exc))
             return
         await trio.sleep(self.state.config.weight_update_s)
         state = self.state
@@ -342,7 +322,7 @@ class _InferenceApp:
         await send_json(send, 200, {"weight_dir": update.weight_dir, "version": update.version})
 
     async def _generate(self, receive: Receive, send: Send) -> None:
-        body = await self._body(receive, send)
+        body = await request_body(receive, send)
         if body is None:
             return
         state = self.state

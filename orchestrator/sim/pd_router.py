@@ -34,12 +34,9 @@ import trio
 from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH
 
 from ._asgi import (
-    BodyTooLarge,
-    ClientGone,
     Receive,
     Scope,
     Send,
-    read_body,
     send_bytes,
     send_json,
     serve_lifespan,
@@ -47,13 +44,13 @@ from ._asgi import (
 )
 from ._pd import PDMergeError, decode_request, merge_choices, prefill_request
 from ._response import error_body
+from ._routes import request_body, route_request
 from .inference import SimInferenceConfig, serve_inference
 
 __all__ = ["PDRouterConfig", "serve_pd_deployment", "serve_pd_router"]
 
 log = structlog.get_logger("orchestrator.sim.pd_router")
 
-_MAX_BODY_BYTES = 64 * 2**20
 _JSON = {"content-type": "application/json"}
 # Health and weight updates of the sides; generate requests wait as long as the client.
 _CONTROL_TIMEOUT_S = 30.0
@@ -113,29 +110,17 @@ class _RouterApp:
             return
         if scope["type"] != "http":
             return
-        route = (scope["method"], scope["path"])
-        if route == ("POST", GENERATE_PATH):
-            await self._generate(receive, send)
-        elif route == ("POST", UPDATE_WEIGHTS_PATH):
-            await self._update_weights(receive, send)
-        elif route == ("GET", HEALTH_PATH):
-            await self._health(send)
-        elif scope["path"] in (GENERATE_PATH, UPDATE_WEIGHTS_PATH, HEALTH_PATH):
-            await send_json(send, 405, error_body(405, f"Method {scope['method']} not allowed"))
-        else:
-            await send_json(send, 404, error_body(404, f"No route {scope['path']}"))
-
-    async def _body(self, receive: Receive, send: Send) -> bytes | None:
-        try:
-            return await read_body(receive, limit=_MAX_BODY_BYTES)
-        except ClientGone:
-            return None
-        except BodyTooLarge:
-            await send_json(send, 413, error_body(413, f"body larger than {_MAX_BODY_BYTES}"))
-            return None
+        await route_request(
+            scope,
+            receive,
+            send,
+            generate=self._generate,
+            update_weights=self._update_weights,
+            health=self._health,
+        )
 
     async def _generate(self, receive: Receive, send: Send) -> None:
-        body = await self._body(receive, send)
+        body = await request_body(receive, send)
         if body is None:
             return
         answer: tuple[int, bytes] | None = None
@@ -205,7 +190,7 @@ class _RouterApp:
         return answers
 
     async def _update_weights(self, receive: Receive, send: Send) -> None:
-        body = await self._body(receive, send)
+        body = await request_body(receive, send)
         if body is None:
             return
         answers = await self._both("POST", UPDATE_WEIGHTS_PATH, body)

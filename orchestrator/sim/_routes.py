@@ -1,0 +1,58 @@
+"""The inference API's routes as every local server answers them, in one place: the
+aggregated, prefill and decode servers (`inference.py`) and the P/D router
+(`pd_router.py`) differ in their handlers only, not in paths, methods, body limits or
+errors (vLLM's error body)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH
+
+from ._asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, read_body, send_json
+from ._response import error_body
+
+# 8,000 prompt tokens are ~50 kB of JSON; anything near this is a client bug.
+MAX_BODY_BYTES = 64 * 2**20
+
+Handler = Callable[[Receive, Send], Awaitable[None]]
+
+
+async def send_error(send: Send, status: int, message: str) -> None:
+    """Answer `status` with vLLM's error body."""
+    await send_json(send, status, error_body(status, message))
+
+
+async def request_body(receive: Receive, send: Send) -> bytes | None:
+    """The request body, or None after answering 413 (or seeing the client leave)."""
+    try:
+        return await read_body(receive, limit=MAX_BODY_BYTES)
+    except ClientGone:
+        return None
+    except BodyTooLarge:
+        await send_error(send, 413, f"body larger than {MAX_BODY_BYTES} bytes")
+        return None
+
+
+async def route_request(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    *,
+    generate: Handler,
+    update_weights: Handler,
+    health: Callable[[Send], Awaitable[None]],
+) -> None:
+    """Call the handler of an HTTP request's path and method; 405 for a known path with
+    another method, 404 for any other path."""
+    route = (scope["method"], scope["path"])
+    if route == ("POST", GENERATE_PATH):
+        await generate(receive, send)
+    elif route == ("POST", UPDATE_WEIGHTS_PATH):
+        await update_weights(receive, send)
+    elif route == ("GET", HEALTH_PATH):
+        await health(send)
+    elif scope["path"] in (GENERATE_PATH, UPDATE_WEIGHTS_PATH, HEALTH_PATH):
+        await send_error(send, 405, f"Method {scope['method']} not allowed")
+    else:
+        await send_error(send, 404, f"No route {scope['path']}")
