@@ -232,7 +232,7 @@ class Daemon:
             applied_version=state.applied_version,
             bound=state.bound,
             inflight_rollouts=state.inflight_rollouts,
-            inflight_limit=state.inflight_limit or self.config.inference.max_inflight,
+            inflight_limit=self.inflight.limit,
             queued_samples=sink.queued_samples,
             discards=dict(sink.counters),
             updated_at=time.time(),
@@ -300,7 +300,7 @@ class Daemon:
             self.figures(),
             state.inflight_rollouts,
             state.rollouts["completed"],
-            inflight_limit=state.inflight_limit or self.config.inference.max_inflight,
+            inflight_limit=self.inflight.limit,
         )
 
     async def serve_progress_report(

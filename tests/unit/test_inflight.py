@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,6 +14,9 @@ from orchestrator.core.inflight import (
     InflightLimit,
     InflightMode,
 )
+from orchestrator.core.staleness import Staleness
+from orchestrator.daemon.dispatcher import Dispatcher
+from orchestrator.daemon.run_state import RunState
 
 GROUP = 8
 
@@ -199,3 +205,24 @@ def test_a_fixed_limit_never_holds() -> None:
     for now in range(1, 6):
         window(control, float(now), [9.0] * 8)
     assert control.min_allowance == 0
+
+
+def test_the_dispatcher_holds_only_up_to_what_a_caught_up_trainer_gives() -> None:
+    """The gate compares the allowance a group would have now with the hold, capped at
+    `m`: once the trainer has caught up (next_step = applied + 1) the allowance is `m`,
+    so even a hold above it lets dispatch go on."""
+    staleness = Staleness(2, 2)
+    state = RunState(staleness=staleness, max_steps=0, applied_version=5, next_step=8)
+    config: Any = SimpleNamespace(staleness=staleness, by_handle=False, payload=None)
+    unused: Any = None
+    gate = Dispatcher(config, state, unused, unused, unused, unused, unused, unused)
+    # At the gate's furthest (next_step = applied + 1 + a): no batch to spare.
+    assert gate._enough_allowance()
+    state.min_allowance = 1
+    assert not gate._enough_allowance()
+    # A version applied: one batch to spare.
+    state.applied_version = 6
+    assert gate._enough_allowance()
+    # Caught up, and a hold far above m: still dispatching.
+    state.applied_version, state.min_allowance = 7, 10
+    assert gate._enough_allowance()
