@@ -13,9 +13,11 @@ local trainer reads every payload byte, and the daemon never stops on a reply.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -164,16 +166,27 @@ async def test_a_version_dir_swapped_for_a_link_never_lets_the_daemon_delete_out
     arena: Arena,
 ) -> None:
     swapped: list[Path] = []
+    # Replies are rewritten in worker threads, several at once: one swaps at a time.
+    swapping = threading.Lock()
+    attempts = itertools.count()
 
     def change(exchange: Exchange) -> None:
         payload_dir = exchange.payload_dir
         assert payload_dir is not None
-        if not swapped:
-            # The real directory goes aside (under a name that is not a version) and a
-            # link to the outside directory takes its place.
-            payload_dir.rename(payload_dir.with_name(f"moved-{payload_dir.name}"))
-            payload_dir.symlink_to(arena.outside, target_is_directory=True)
-            swapped.append(payload_dir)
+        with swapping:
+            if not swapped:
+                # The real directory goes aside (under a name that is not a version) and
+                # a link to the outside directory takes its place. A server may recreate
+                # the directory between the two steps (it writes on demand): then the
+                # swap is tried again at the next reply.
+                aside = payload_dir.with_name(f"moved-{payload_dir.name}-{next(attempts)}")
+                try:
+                    payload_dir.rename(aside)
+                    payload_dir.symlink_to(arena.outside, target_is_directory=True)
+                except OSError:
+                    pass
+                else:
+                    swapped.append(payload_dir)
         for index, segment in enumerate(exchange.segments):
             segment["file"] = str(payload_dir / f"canary{index}")
             segment["offset"] = 0
