@@ -16,6 +16,7 @@ from payload_gc import PayloadRootFiles
 
 from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon.http11 import HTTP11Client, HTTPFailure
+from orchestrator.httpx_body import request_bytes
 from orchestrator.payload import (
     PayloadError,
     check_within,
@@ -74,44 +75,11 @@ def check_turn_files(turn: TurnOutput, *, files: PayloadRootFiles, version: int)
     return TurnFiles(problem, sizes)
 
 
-class _OneChunk(httpx.AsyncByteStream):
-    """A request body that is one bytes object, iterated without an async generator.
-
-    httpx's own body stream is an async generator; when a request is cancelled mid-send
-    (a stale group being cancelled) it is left unfinished and trio warns when it is
-    garbage collected (encode/httpx#3686). A plain iterator object has nothing to leak.
-    """
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-
-    def __aiter__(self) -> _OneChunkIterator:
-        return _OneChunkIterator(self._data)
-
-
-class _OneChunkIterator:
-    def __init__(self, data: bytes) -> None:
-        self._data: bytes | None = data
-
-    def __aiter__(self) -> _OneChunkIterator:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self._data is None:
-            raise StopAsyncIteration
-        data, self._data = self._data, None
-        return data
-
-
 async def _post_json(
     client: httpx.AsyncClient, url: str, body: Mapping[str, Any]
 ) -> httpx.Response:
     data = json.dumps(body, separators=(",", ":")).encode()
-    request = client.build_request(
-        "POST", url, content=data, headers={"content-type": "application/json"}
-    )
-    request.stream = _OneChunk(data)
-    return await client.send(request)
+    return await request_bytes(client, "POST", url, data, headers=dict(JSON_HEADERS))
 
 
 def _transport_failure(url: str, exc: httpx.TransportError) -> InferenceFailure:

@@ -31,6 +31,7 @@ import msgspec
 import structlog
 import trio
 
+from orchestrator.httpx_body import request_bytes
 from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH
 
 from ._asgi import (
@@ -146,8 +147,12 @@ class _RouterApp:
             raise _Refused(400, "body must be a JSON object")
         prefill_url = self.config.prefill_url + GENERATE_PATH
         try:
-            prefill = await self.client.post(
-                prefill_url, content=msgspec.json.encode(prefill_request(request)), headers=_JSON
+            prefill = await request_bytes(
+                self.client,
+                "POST",
+                prefill_url,
+                msgspec.json.encode(prefill_request(request)),
+                headers=_JSON,
             )
         except httpx.HTTPError as exc:
             raise _Refused(500, f"prefill request failed to {prefill_url}: {exc!r}") from None
@@ -160,9 +165,11 @@ class _RouterApp:
             raise _Refused(500, "prefill response must be a JSON object")
         decode_url = self.config.decode_url + GENERATE_PATH
         try:
-            decode = await self.client.post(
+            decode = await request_bytes(
+                self.client,
+                "POST",
                 decode_url,
-                content=msgspec.json.encode(decode_request(request, prefill_json)),
+                msgspec.json.encode(decode_request(request, prefill_json)),
                 headers=_JSON,
             )
         except httpx.HTTPError as exc:
@@ -177,12 +184,14 @@ class _RouterApp:
         answers: list[httpx.Response | str] = ["", ""]
 
         async def ask(index: int, url: str) -> None:
-            try:
-                answers[index] = await self.client.request(
-                    method, url + path, content=body, headers=_JSON, timeout=_CONTROL_TIMEOUT_S
-                )
-            except httpx.HTTPError as exc:
-                answers[index] = f"{url}: {exc!r}"
+            answers[index] = f"{url}: no answer within {_CONTROL_TIMEOUT_S:g} s"
+            with trio.move_on_after(_CONTROL_TIMEOUT_S):
+                try:
+                    answers[index] = await request_bytes(
+                        self.client, method, url + path, body, headers=_JSON
+                    )
+                except httpx.HTTPError as exc:
+                    answers[index] = f"{url}: {exc!r}"
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ask, 0, self.config.prefill_url)

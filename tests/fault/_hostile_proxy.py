@@ -16,6 +16,7 @@ import attrs
 import httpx
 import trio
 
+from orchestrator.httpx_body import request_bytes
 from orchestrator.sim._asgi import Receive, Scope, Send, read_body, send_bytes, serve_lifespan
 from orchestrator.wire import GENERATE_PATH
 
@@ -60,10 +61,11 @@ class _ProxyApp:
             await serve_lifespan(receive, send)
             return
         body = await read_body(receive, limit=1 << 30)
-        response = await self.client.request(
+        response = await request_bytes(
+            self.client,
             scope["method"],
             self.upstream + scope["path"],
-            content=body,
+            body,
             headers={"content-type": "application/json"},
         )
         data = response.content
