@@ -17,10 +17,12 @@ Two runs of the same workload, each with fresh servers and trainer:
    (orchestrator/core/inflight.py).
 
 Reported for each: rollouts dispatched and the share discarded as stale (the sink's
-`stale` count: groups that arrived too old, groups stopped in flight, and queued groups
-swept), rollouts completed per second over the steady window (first shipped batch to the
-last), the payload root's peak on disk (a walk of the tree after every shipped batch, or
-the daemon's own measurement when larger), and the limits the adaptive run chose.
+`stale` count, groups that arrived too old or were stopped in flight, plus its `swept`
+count, queued groups no batch took in time), rollouts completed per second over the
+steady window (first shipped batch to the last), the payload root's peak on disk (a walk
+of the tree after every shipped batch, or the daemon's own measurement when larger), and
+the limits the adaptive run chose. Both runs obey the dispatcher's bound on work in the
+pipe (what the batches a new group can still go into can take: docs/design.md §3).
 
     uv run --frozen --group bench python bench/system_overload.py [--steps N]
         [--max-inflight N] [--verbose]
@@ -52,7 +54,6 @@ from system_fleet import (
     stamp,
 )
 
-from orchestrator.core.sink import TrainSink
 from orchestrator.daemon.payload_disk import tree_bytes
 from orchestrator.daemon.run import RunOutcome
 
@@ -60,20 +61,6 @@ SHAPE = ModelShape(layers=48, top_k=8, num_experts=128)
 TARGET_STALE_SHARE = 0.05
 TARGET_THROUGHPUT_LOSS = 0.10
 VERBOSE = False
-
-
-# The sink counts every stale discard under one reason. The benchmark tells apart those
-# swept from the queue (finished in time, but more than the batches could take) by
-# wrapping the sweep in this process; nothing in the daemon is edited.
-SWEPT = [0]
-_DROP_STALE = TrainSink.drop_stale
-
-
-def _counted_drop_stale(self: TrainSink, next_step: int) -> list[str]:
-    before = self.counters.get("stale", 0)
-    files = _DROP_STALE(self, next_step)
-    SWEPT[0] += self.counters.get("stale", 0) - before
-    return files
 
 
 @attrs.frozen
@@ -85,7 +72,6 @@ class RunResult:
     completed_steady: int  # rollouts completed in that window
     peak_bytes: int
     limits: list[int]  # the limit in force after each shipped batch
-    swept: int  # stale rollouts swept from the sink's queue (the rest arrived stale)
 
     @property
     def dispatched(self) -> int:
@@ -93,7 +79,14 @@ class RunResult:
 
     @property
     def stale(self) -> int:
-        return self.outcome.sink.counters.get("stale", 0)
+        """Arrived too old (or stopped in flight), and swept from the queue."""
+        counters = self.outcome.sink.counters
+        return counters.get("stale", 0) + counters.get("swept", 0)
+
+    @property
+    def swept(self) -> int:
+        """Finished in time, but no batch took them before they went stale."""
+        return self.outcome.sink.counters.get("swept", 0)
 
     @property
     def stale_share(self) -> float:
@@ -111,7 +104,6 @@ class RunResult:
 
 async def _run(overrides: list[str], mode: str, steps: int) -> RunResult:
     config = demo_config(overrides)
-    SWEPT[0] = 0
     started = time.perf_counter()
     peak = 0
     limits: list[int] = []
@@ -150,7 +142,6 @@ async def _run(overrides: list[str], mode: str, steps: int) -> RunResult:
         last_ship[1] - first_ship[1],
         max(peak, run.outcome.state.peak_payload_bytes),
         limits,
-        SWEPT[0],
     )
 
 
@@ -208,7 +199,6 @@ def main() -> int:
     cores = plan_cores()
     pin_self(cores.daemon)
     quiet_daemon_logs()
-    TrainSink.drop_stale = _counted_drop_stale  # type: ignore[method-assign]
     command = "uv run --frozen --group bench python bench/system_overload.py " + " ".join(
         sys.argv[1:]
     )
@@ -311,8 +301,8 @@ def report(tables: list[list[str]], args: argparse.Namespace, cores: str, comman
             f"{args.train_time:g} s per step; 2 local servers, each generating at most "
             f"{args.max_num_seqs} requests at once at {args.time_per_token_s * 1000:g} ms a "
             "token (the rest queue), and the trainer as separate processes, fresh for each "
-            f"run. Cores: {cores}. Stale: the sink's count of rollouts discarded as stale "
-            "(arrived too old, stopped in flight, or swept from the queue), over the "
+            f"run. Cores: {cores}. Stale: the sink's `stale` (arrived too old or stopped in "
+            "flight) and `swept` (queued in time, taken by no batch) discards, over the "
             "rollouts dispatched. Batches per minute and rollouts per second: from the "
             "first shipped batch to the last. Peak: the payload root after every shipped "
             "batch, or the daemon's own measurement when larger.",

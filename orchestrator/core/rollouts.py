@@ -29,7 +29,8 @@ from orchestrator.payload import FIELDS, PayloadSegment
 class Discard(enum.Enum):
     """Why a rollout or sample left the sink without shipping (docs/design.md §6)."""
 
-    STALE = "stale"  # group start below the bound, at admission or in the sweep
+    STALE = "stale"  # group start below the bound when it finished (at admission)
+    SWEPT = "swept"  # queued in time, but the bound passed it before a batch took it
     NO_SIGNAL = "no_signal"  # every advantage zero
     CURRICULUM = "curriculum"  # the group's mean reward is outside the curriculum's range
     UNTRAINABLE = "untrainable"  # no loss tokens, over the sequence length, poisoned payload

@@ -264,7 +264,8 @@ class TrainSink:
 
     def drop_stale(self, next_step: int) -> list[str]:
         """The sweep: discard queued groups whose start version is below
-        `min_fresh_version(next_step, m)` (counted `stale`); return files to delete."""
+        `min_fresh_version(next_step, m)` (counted `swept`: they arrived in time, and no
+        batch took them); return files to delete."""
         bound = self.limits.staleness.min_fresh_version(next_step)
         kept: deque[_QueuedGroup] = deque()
         dropped: list[QueuedSample] = []
@@ -274,7 +275,7 @@ class TrainSink:
             else:
                 kept.append(group)
         self._queue = kept
-        self._counters[Discard.STALE] += len(dropped)
+        self._counters[Discard.SWEPT] += len(dropped)
         return self._leave(dropped)
 
     def ready(self, next_step: int) -> bool:

@@ -108,24 +108,32 @@ class Dispatcher:
 
     def _may_start(self) -> bool:
         config, state = self.config, self.state
-        queued = self.sink.queued_samples
-        enough = config.batch.size * state.staleness.batches_in_flight
+        allowance = self._allowance()
+        # Enough work in the pipe for the batches a group dispatched now can still go
+        # into fresh, and no more: anything beyond would only grow stale. Those are the
+        # batches the gate allows to fill (`a + 1`), and no more than `allowance + 1`:
+        # with `m = a` and shipping at the gate's furthest, only the batch being filled.
+        fresh_batches = min(state.staleness.batches_in_flight, allowance + 1)
         return (
             state.may_start_groups()
             and state.inflight_rollouts + config.batch.group_size <= self._inflight_limit()
-            and self._enough_allowance()
-            # Enough work in the pipe for the batches the gate allows, and no more:
-            # anything beyond would only grow stale.
-            and queued + state.inflight_rollouts < enough
+            and self._enough_allowance(allowance)
+            and self.sink.queued_samples + state.inflight_rollouts
+            < config.batch.size * fresh_batches
         )
 
-    def _enough_allowance(self) -> bool:
+    def _allowance(self) -> int:
+        """The batches that may ship while a group dispatched now runs before it is
+        stale: from the one being filled to `last_step` of the applied version."""
+        state = self.state
+        return self.config.staleness.last_step(state.applied_version) - state.next_step
+
+    def _enough_allowance(self, allowance: int) -> bool:
         """Whether a group dispatched now may see as many batches ship as a typical group
         does before it would be stale. Capped at `m`, the allowance a group has once the
         trainer has caught up: holding never stops the run, it waits for a version."""
-        state, staleness = self.state, self.config.staleness
-        allowance = staleness.last_step(state.applied_version) - state.next_step
-        return allowance >= min(state.min_allowance, staleness.max_off_policy_steps)
+        hold = min(self.state.min_allowance, self.config.staleness.max_off_policy_steps)
+        return allowance >= hold
 
     def _inflight_limit(self) -> int:
         """The adaptive limit the daemon chose (orchestrator/core/inflight.py), else the

@@ -36,7 +36,8 @@ log = structlog.get_logger("orchestrator")
 DISCARD_HINTS = {
     "untrainable": "samples longer than batch.max_seq_len, without loss tokens or poisoned",
     "failed": "requests that failed for good: see the failures",
-    "stale": "groups older than the staleness bound",
+    "stale": "groups older than the staleness bound when they finished",
+    "swept": "queued groups no batch took before they went stale",
     "no_signal": "groups whose rewards are all equal",
     "curriculum": "groups whose mean reward is outside env.curriculum_*",
     "pruned": "surplus samples of a batch",

@@ -217,12 +217,50 @@ def test_the_dispatcher_holds_only_up_to_what_a_caught_up_trainer_gives() -> Non
     unused: Any = None
     gate = Dispatcher(config, state, unused, unused, unused, unused, unused, unused)
     # At the gate's furthest (next_step = applied + 1 + a): no batch to spare.
-    assert gate._enough_allowance()
+    assert gate._allowance() == 0
+    assert gate._enough_allowance(gate._allowance())
     state.min_allowance = 1
-    assert not gate._enough_allowance()
+    assert not gate._enough_allowance(gate._allowance())
     # A version applied: one batch to spare.
     state.applied_version = 6
-    assert gate._enough_allowance()
+    assert gate._enough_allowance(gate._allowance())
     # Caught up, and a hold far above m: still dispatching.
     state.applied_version, state.min_allowance = 7, 10
-    assert gate._enough_allowance()
+    assert gate._enough_allowance(gate._allowance())
+
+
+@pytest.mark.parametrize(
+    ("limits", "next_step", "fresh_batches"),
+    [
+        # m = a: at the gate's furthest only the batch being filled can take a new group,
+        # a batch back two, caught up all a + 1.
+        ((2, 2), 8, 1),
+        ((2, 2), 7, 2),
+        ((2, 2), 6, 3),
+        # m > a: a new group always has a batch to spare, and the a + 1 batches bind.
+        ((2, 1), 7, 2),
+        ((2, 1), 6, 2),
+    ],
+)
+def test_work_in_the_pipe_is_bounded_by_the_batches_a_new_group_can_still_go_into(
+    limits: tuple[int, int], next_step: int, fresh_batches: int
+) -> None:
+    staleness = Staleness(*limits)
+    state = RunState(staleness=staleness, max_steps=0, applied_version=5, next_step=next_step)
+    assert state.may_start_groups()
+    sink: Any = SimpleNamespace(queued_samples=0)
+    config: Any = SimpleNamespace(
+        staleness=staleness,
+        by_handle=False,
+        payload=None,
+        batch=SimpleNamespace(size=16, group_size=4),
+        inference=SimpleNamespace(max_inflight=1000),
+    )
+    unused: Any = None
+    gate = Dispatcher(config, state, unused, unused, unused, sink, unused, unused)
+    # What is queued and what is in flight count alike; the last group that fits starts.
+    state.inflight_rollouts = 16 * fresh_batches - 1 - 8
+    sink.queued_samples = 8
+    assert gate._may_start()
+    state.inflight_rollouts += 1
+    assert not gate._may_start()

@@ -128,7 +128,7 @@ def _group(group_id: str, *members: RolloutResult) -> GroupResult:
 
 
 def busy_sink() -> TrainSink:
-    """A sink that has seen every kind of discard but one (curriculum: twice)."""
+    """A sink that has seen every kind of discard (curriculum: twice) but `swept`."""
     sink = TrainSink(LIMITS)
     sink.admit(_group("a", _member("a0", 1.0), _member("a1", 0.0), _member("a2", 0.0)), 1)
     sink.admit(_group("b", _member("b0", 0.0, failed=True), _member("b1", 0.0, failed=True)), 1)
@@ -162,6 +162,7 @@ def test_the_sink_scenario_covers_the_discard_reasons() -> None:
     # Guard for the tests below: their figures come from this scenario.
     assert busy_sink().counters == {
         "stale": 2,
+        "swept": 0,
         "no_signal": 2,
         "curriculum": 2,
         "untrainable": 1,

@@ -363,7 +363,7 @@ def test_drop_stale_discards_groups_below_the_bound_wherever_they_are_queued() -
     deleted = sink.drop_stale(5)
 
     assert deleted == [path("c", 1), path("d", 2)]
-    assert sink.counters == counts(stale=2)
+    assert sink.counters == counts(swept=2)
     assert rollout_ids(sink) == ["a", "b", "e", "f"]
     assert (sink.queued_groups, sink.oldest_start_version) == (2, 2)
     assert sink.drop_stale(5) == []
@@ -463,7 +463,7 @@ def test_assemble_sweeps_stale_groups_first() -> None:
     assert rollout_ids(batch) == ["c", "d"]
     assert all(q.start_version >= 2 for q in batch)
     assert deleted == [path("a", 1), path("b", 1)]
-    assert sink.counters == counts(stale=2)
+    assert sink.counters == counts(swept=2)
     assert_balanced(sink)
 
 
