@@ -9,7 +9,16 @@ from collections.abc import Awaitable, Callable
 
 from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH
 
-from ._asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, read_body, send_json
+from ._asgi import (
+    BodyTooLarge,
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    send_json,
+    serve_lifespan,
+)
 from ._response import error_body
 
 # 8,000 prompt tokens are ~50 kB of JSON; anything near this is a client bug.
@@ -43,8 +52,14 @@ async def route_request(
     update_weights: Handler,
     health: Callable[[Send], Awaitable[None]],
 ) -> None:
-    """Call the handler of an HTTP request's path and method; 405 for a known path with
-    another method, 404 for any other path."""
+    """Serve one ASGI call: the lifespan protocol, and for an HTTP request the handler of
+    its path and method; 405 for a known path with another method, 404 for any other
+    path. Other scope types (websockets) are ignored."""
+    if scope["type"] == "lifespan":
+        await serve_lifespan(receive, send)
+        return
+    if scope["type"] != "http":
+        return
     route = (scope["method"], scope["path"])
     if route == ("POST", GENERATE_PATH):
         await generate(receive, send)

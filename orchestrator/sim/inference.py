@@ -51,7 +51,6 @@ from ._asgi import (
     Send,
     send_bytes,
     send_json,
-    serve_lifespan,
     wait_for_disconnect,
 )
 from ._faults import Fault, FaultRates, draw_fault
@@ -287,11 +286,6 @@ class _InferenceApp:
     state: _ServerState
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await serve_lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
         await route_request(
             scope,
             receive,

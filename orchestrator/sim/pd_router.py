@@ -40,7 +40,6 @@ from ._asgi import (
     Send,
     send_bytes,
     send_json,
-    serve_lifespan,
     wait_for_disconnect,
 )
 from ._pd import PDMergeError, decode_request, merge_choices, prefill_request
@@ -106,11 +105,6 @@ class _RouterApp:
     client: httpx.AsyncClient
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await serve_lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
         await route_request(
             scope,
             receive,

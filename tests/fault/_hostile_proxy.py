@@ -5,6 +5,7 @@ sees it. Everything else (health, weight updates) passes through unchanged.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -47,6 +48,19 @@ class Exchange:
 
 #: An attack: what the daemon receives instead of the honest reply (JSON, or raw bytes).
 Rewrite = Callable[[Exchange], dict[str, Any] | bytes]
+
+
+def rewriting(change: Callable[[Exchange], None]) -> Rewrite:
+    """An attack that edits a copy of each reply carrying segments in place (`change`);
+    replies without segments pass unchanged."""
+
+    def rewrite(exchange: Exchange) -> dict[str, Any]:
+        exchange = Exchange(exchange.request, copy.deepcopy(exchange.reply))
+        if exchange.segments:
+            change(exchange)
+        return exchange.reply
+
+    return rewrite
 
 
 @attrs.define

@@ -12,7 +12,6 @@ local trainer reads every payload byte, and the daemon never stops on a reply.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import os
@@ -29,7 +28,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _hostile_proxy import Exchange, Rewrite, serve_hostile_proxy
+from _hostile_proxy import Exchange, Rewrite, rewriting, serve_hostile_proxy
 
 from orchestrator.config import Config, load_config
 from orchestrator.daemon.run import RunOutcome, run_daemon
@@ -145,18 +144,6 @@ def routing(exchange: Exchange) -> dict[str, Any]:
     segments = [s for s in exchange.segments if s["field"] == "routed_experts"]
     assert len(segments) in (1, 2), segments
     return segments[0]
-
-
-def rewriting(change: Callable[[Exchange], None]) -> Rewrite:
-    """A rewrite that edits a copy of the reply in place."""
-
-    def rewrite(exchange: Exchange) -> dict[str, Any]:
-        exchange = Exchange(exchange.request, copy.deepcopy(exchange.reply))
-        if exchange.segments:
-            change(exchange)
-        return exchange.reply
-
-    return rewrite
 
 
 # -- must fix ------------------------------------------------------------------------------

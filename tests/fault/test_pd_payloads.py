@@ -13,11 +13,10 @@ trainer reads byte for byte.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _hostile_proxy import Exchange, Rewrite, serve_hostile_proxy
+from _hostile_proxy import Exchange, Rewrite, rewriting, serve_hostile_proxy
 
 from orchestrator.config import load_config
 from orchestrator.daemon.run import RunOutcome, run_daemon
@@ -59,16 +58,6 @@ def sides(exchange: Exchange) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     prefill = [s for s in exchange.segments if s["file"] == files[0]]
     decode = [s for s in exchange.segments if s["file"] == files[1]]
     return prefill, decode
-
-
-def rewriting(change: Callable[[Exchange], None]) -> Rewrite:
-    def rewrite(exchange: Exchange) -> dict[str, Any]:
-        exchange = Exchange(exchange.request, copy.deepcopy(exchange.reply))
-        if exchange.segments:
-            change(exchange)
-        return exchange.reply
-
-    return rewrite
 
 
 async def run_attack(tmp_path: Path, rewrite: Rewrite) -> RunOutcome:

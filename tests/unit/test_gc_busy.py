@@ -5,7 +5,6 @@ rather than failed."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,19 +17,10 @@ from payload_gc import (
     unmarked_root_refusal,
 )
 from payload_gc._mounts import fd_mount_id
-from payload_gc._tree import MAX_PROBLEMS_KEPT, Tally, measure_dir, open_root, remove_tree
+from payload_gc._tree import MAX_PROBLEMS_KEPT, Tally, measure_dir, remove_tree
 
 NFS = ".nfs000000000123abcd00000001"
 FUSE = ".fuse_hidden0000000a00000001"
-
-
-@pytest.fixture
-def root_fd(tmp_path: Path) -> Iterator[int]:
-    fd = open_root(str(tmp_path))
-    try:
-        yield fd
-    finally:
-        os.close(fd)
 
 
 @pytest.mark.parametrize(

@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from payload_gc._mounts import fd_mount_id
-from payload_gc._tree import Tally, measure_dir, open_root, remove_tree
-
-
-@pytest.fixture
-def root_fd(tmp_path: Path) -> Iterator[int]:
-    fd = open_root(str(tmp_path))
-    try:
-        yield fd
-    finally:
-        os.close(fd)
+from payload_gc._tree import Tally, measure_dir, remove_tree
 
 
 def test_removing_what_is_already_gone_is_success(root_fd: int) -> None:

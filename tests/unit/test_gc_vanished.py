@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,15 +131,6 @@ def no_rewind(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPath
     monkeypatch.setattr(os, "dup", dup)
     monkeypatch.setattr(os, "close", close)
     monkeypatch.setattr(os, "scandir", scandir)
-
-
-@pytest.fixture
-def root_fd(tmp_path: Path) -> Iterator[int]:
-    fd = open_root(str(tmp_path))
-    try:
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def _make_version(root: Path, version: int, names: tuple[str, ...] = ("a", "b", "c")) -> Path:
