@@ -22,10 +22,12 @@ demo-pd: setup
 	rm -rf run/pd
 	$(RUN) orchestrator run --config configs/pd.toml
 
+# lint-imports: the layers of docs/design.md §2 (the contracts in pyproject.toml).
 lint: setup
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
 	$(RUN) mypy
+	$(RUN) lint-imports --no-cache
 
 test: lint
 	$(RUN) pytest -q

@@ -25,7 +25,7 @@ The two runs:
    (docs/design.md §6), and the collector removes versions below the bound (docs/design.md §3);
 2. **early deletion off**: the same daemon with its discard/sweep deletions skipped, so
    only the collector frees space. There is no switch for this: the benchmark wraps the
-   daemon's one deletion method (`Daemon._delete`) in this process and skips the
+   daemon's one deletion method (`PayloadDeleter.delete`) in this process and skips the
    "discard" and "sweep" paths; nothing in the daemon is edited.
 
 In run 1 the wrapper also records, per version directory, the bytes that discards and
@@ -72,8 +72,8 @@ from system_fleet import (
     stamp,
 )
 
-from orchestrator.daemon.payload_disk import payload_file_key, tree_bytes
-from orchestrator.daemon.run import Daemon, RunOutcome
+from orchestrator.daemon.payload_disk import PayloadDeleter, payload_file_key, tree_bytes
+from orchestrator.daemon.run import RunOutcome
 
 PLOT = REPO / "docs" / "disk_per_step.png"
 SHAPE = ModelShape(layers=48, top_k=8, num_experts=128)
@@ -96,7 +96,7 @@ class EarlyDeletions:
 
 
 EARLY = EarlyDeletions()
-_DAEMON_DELETE = Daemon._delete
+_DAEMON_DELETE = PayloadDeleter.delete
 
 
 def sizes_by_version(root: Path, paths: Sequence[str]) -> Counter[int]:
@@ -120,16 +120,14 @@ def sizes_by_version(root: Path, paths: Sequence[str]) -> Counter[int]:
     return sizes
 
 
-async def _observed_delete(self: Daemon, files: Sequence[str], path: str) -> None:
+async def _observed_delete(self: PayloadDeleter, files: Sequence[str], *, reason: str) -> None:
     """The daemon's deletion, observed (bytes per version) and, when off, skipped."""
-    if path in EARLY_PATHS and files:
-        sizes = await trio.to_thread.run_sync(
-            sizes_by_version, self.config.payload_root, list(files)
-        )
+    if reason in EARLY_PATHS and files:
+        sizes = await trio.to_thread.run_sync(sizes_by_version, self.root, list(files))
         if not EARLY.enabled:
             return
         EARLY.bytes_by_version.update(sizes)
-    await _DAEMON_DELETE(self, files, path)
+    await _DAEMON_DELETE(self, files, reason=reason)
 
 
 @attrs.frozen
@@ -154,17 +152,17 @@ async def _run(overrides: list[str], label: str, steps: int) -> RunResult:
     started = time.perf_counter()
     async with running_daemon(config) as run:
         state = run.state
-        shipped = state.next_step - 1
+        shipped = state.shipping.next_step - 1
         # The daemon measures the root itself after each batch and before each collection
         # (into `payload_bytes`); the largest value it reported during a step counts too.
         daemon_max = 0
         while run.outcome is None:
             await state.wait_changed()
-            daemon_max = max(daemon_max, state.payload_bytes)
-            if state.next_step - 1 == shipped:
+            daemon_max = max(daemon_max, state.payload.bytes)
+            if state.shipping.next_step - 1 == shipped:
                 continue
-            shipped = state.next_step - 1
-            bound = state.bound
+            shipped = state.shipping.next_step - 1
+            bound = state.versions.collected_below
             files, walked = await trio.to_thread.run_sync(tree_bytes, config.payload_root)
             on_disk = max(walked, daemon_max)
             daemon_max = 0
@@ -174,8 +172,9 @@ async def _run(overrides: list[str], label: str, steps: int) -> RunResult:
             if shipped % max(steps // 10, 1) == 0 or VERBOSE:
                 print(
                     f"{stamp()} {label}: step {shipped}, {on_disk / 1e6:.1f} MB in {files} "
-                    f"files, bound {bound}, applied {state.applied_version}, in flight "
-                    f"{state.inflight_rollouts}, completed {state.rollouts['completed']}",
+                    f"files, bound {bound}, applied {state.versions.applied}, in flight "
+                    f"{state.dispatch.inflight_rollouts}, "
+                    f"completed {state.dispatch.rollouts['completed']}",
                     flush=True,
                 )
     assert run.outcome is not None
@@ -292,7 +291,7 @@ def main() -> int:
     pin_self(cores.daemon)
     quiet_daemon_logs()
     # The wrapper stays in place for both runs; EARLY says what it does.
-    Daemon._delete = _observed_delete  # type: ignore[method-assign]
+    PayloadDeleter.delete = _observed_delete  # type: ignore[method-assign]
     command = "uv run --frozen --group bench python bench/system_disk.py " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="system-disk-", dir=args.dir) as tmp:
         base = Path(tmp)
@@ -338,16 +337,17 @@ def report(
         f"| maximum after step {PEAK_WITHIN} | {mb(later_max)} ({overshoot:+.1%}) | "
         f"{mb(off_later)} ({off_overshoot:+.1%}) |",
         f"| daemon's own peak (`RunState.peak_payload_bytes`) | "
-        f"{mb(built_state.peak_payload_bytes)} | {mb(off_state.peak_payload_bytes)} |",
+        f"{mb(built_state.payload.peak_bytes)} | {mb(off_state.payload.peak_bytes)} |",
         f"| on disk at step {final_built.step} | {mb(final_built.on_disk)} | "
         f"{mb(final_off.on_disk)} |",
-        f"| bytes written | {mb(built_state.bytes_written)} | {mb(off_state.bytes_written)} |",
-        f"| deleted by discards / sweeps | {mb(built_state.bytes_deleted['discard'])} / "
-        f"{mb(built_state.bytes_deleted['sweep'])} | 0 / 0 |",
-        f"| deleted by the collector | {mb(built_state.bytes_deleted['collection'])} | "
-        f"{mb(off_state.bytes_deleted['collection'])} |",
-        f"| rollouts completed | {built_state.rollouts['completed']:,} | "
-        f"{off_state.rollouts['completed']:,} |",
+        f"| bytes written | {mb(built_state.payload.bytes_written)} | "
+        f"{mb(off_state.payload.bytes_written)} |",
+        f"| deleted by discards / sweeps | {mb(built_state.payload.bytes_deleted['discard'])} / "
+        f"{mb(built_state.payload.bytes_deleted['sweep'])} | 0 / 0 |",
+        f"| deleted by the collector | {mb(built_state.payload.bytes_deleted['collection'])} | "
+        f"{mb(off_state.payload.bytes_deleted['collection'])} |",
+        f"| rollouts completed | {built_state.dispatch.rollouts['completed']:,} | "
+        f"{off_state.dispatch.rollouts['completed']:,} |",
         f"| run time | {as_built.seconds:.0f} s | {without.seconds:.0f} s |",
     ]
     return "\n".join(
@@ -369,7 +369,7 @@ def report(
             "larger.",
             "",
             "*Early deletion off* has no switch in the daemon: the benchmark wraps the "
-            "daemon's deletion method (`Daemon._delete`) in its own process and skips the "
+            "daemon's deletion method (`PayloadDeleter.delete`) in its own process and skips the "
             '"discard" and "sweep" paths, so only the version collector frees space. In the '
             "first run the same wrapper records, per version directory, the bytes discards "
             "and sweeps deleted; the *reconstructed* curve adds to each step's on-disk bytes "

@@ -23,8 +23,9 @@ from pathlib import Path
 import attrs
 import trio
 
+from orchestrator.commands.launch import launch_run
 from orchestrator.config import Config, load_config
-from orchestrator.daemon.run import RunOutcome, run_daemon
+from orchestrator.daemon import RunOutcome
 from orchestrator.daemon.run_state import RunState
 from orchestrator.logs import configure_logging
 
@@ -207,7 +208,7 @@ async def running_daemon(config: Config) -> AsyncIterator[DaemonRun]:
     async with trio.open_nursery() as nursery:
 
         async def daemon(task_status: trio.TaskStatus[RunState]) -> None:
-            ended.append(await run_daemon(config, task_status=task_status))
+            ended.append(await launch_run(config, task_status=task_status))
             nursery.cancel_scope.cancel()
 
         yield DaemonRun(await nursery.start(daemon), ended)

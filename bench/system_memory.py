@@ -26,11 +26,11 @@ import sys
 import tempfile
 import time
 import tracemalloc
-import types
 from pathlib import Path
 
 import attrs
 import trio
+from _deep_size import deep_size
 from _report import git_revision, machine, write_section
 from system_fleet import (
     ModelShape,
@@ -47,7 +47,7 @@ from system_fleet import (
 )
 
 from orchestrator.core.sink import TrainSink
-from orchestrator.daemon.run import Daemon, RunOutcome
+from orchestrator.daemon.run import RunOutcome, Services
 from orchestrator.daemon.run_state import RunState
 
 TARGET_GROWTH_PER_100_STEPS = 1_000_000
@@ -83,44 +83,29 @@ def workload_overrides(steps: int) -> list[str]:
     ]
 
 
-def deep_size(root: object) -> int:
-    """Bytes of `root` and every object it reaches (not types, modules or functions)."""
-    seen: set[int] = set()
-    stack = [root]
-    total = 0
-    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, skip):
-            continue
-        seen.add(id(obj))
-        total += sys.getsizeof(obj)
-        stack.extend(gc.get_referents(obj))
-    return total
-
-
 def find_sink(state: RunState) -> TrainSink:
-    """The run's sink, found through the daemon object that holds `state`.
+    """The run's sink, found through the daemon's services that hold `state`.
 
-    `run_daemon` hands out only the `RunState`; the sink is reachable from the `Daemon`
-    that refers to the same state, so the garbage collector's referrer list finds it
+    `run_daemon` hands out only the `RunState`; the sink is reachable from the `Services`
+    that refer to the same state, so the garbage collector's referrer list finds it
     (a benchmark-only shortcut, run once). The daemon freezes its start-up objects, the
-    `Daemon` among them, where `get_referrers` does not look: they are unfrozen for the
+    `Services` among them, where `get_referrers` does not look: they are unfrozen for the
     search and frozen again.
     """
     gc.unfreeze()
     try:
         for referrer in gc.get_referrers(state):
-            if isinstance(referrer, Daemon):
+            if isinstance(referrer, Services):
                 return referrer.sink
     finally:
         gc.freeze()
-    raise RuntimeError("system_memory: no Daemon refers to the run state")
+    raise RuntimeError("system_memory: no Services refer to the run state")
 
 
 def _where(traceback: tracemalloc.Traceback) -> str:
     """The allocating line and, up the stack, the first line in the daemon's own code
-    (what to change), e.g. `pathlib.py:71 <- orchestrator/payload_refs.py:31`."""
+    (what to change), relative to `orchestrator/`: e.g.
+    `pathlib.py:71 <- core/payload_refs.py:31`."""
     frames = list(traceback)  # most recent call first
     where = f"{Path(frames[0].filename).name}:{frames[0].lineno}"
     for frame in frames[1:]:
@@ -148,13 +133,13 @@ async def _soak(
     async with running_daemon(config) as run:
         state = run.state
         sink = find_sink(state)
-        shipped = state.next_step - 1
+        shipped = state.shipping.next_step - 1
         baseline: tracemalloc.Snapshot | None = None
         while run.outcome is None:
             await state.wait_changed()
-            if state.next_step - 1 == shipped:
+            if state.shipping.next_step - 1 == shipped:
                 continue
-            shipped = state.next_step - 1
+            shipped = state.shipping.next_step - 1
             if trace_from is not None and shipped == trace_from:
                 baseline = _snapshot()
             refs = sink.refs
@@ -326,8 +311,8 @@ def report(
             f"{SHAPE.num_experts}, prompts 16..64 tokens, 16 tokens per turn. The daemon runs "
             "in the benchmark's process, whose VmRSS is sampled at every shipped batch; "
             f"2 servers and the trainer are separate processes. Cores: {cores}. "
-            f"{state.rollouts['completed']:,} rollouts completed, "
-            f"{sum(state.files_deleted.values()):,} payload files deleted, "
+            f"{state.dispatch.rollouts['completed']:,} rollouts completed, "
+            f"{sum(state.payload.files_deleted.values()):,} payload files deleted, "
             f"in {samples[-1].seconds:.0f} s.",
             "",
             *rows,

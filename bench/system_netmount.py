@@ -65,8 +65,12 @@ from system_fleet import (
 import orchestrator.daemon.run as daemon_run
 from orchestrator.config import load_config
 from orchestrator.daemon.policy import PolicyWatcher
-from orchestrator.handoff import STABLE_MARKER, publish_weights, published_versions
-from orchestrator.handoff.weights import newest_published_version
+from orchestrator.handoff import (
+    STABLE_MARKER,
+    newest_published_version,
+    publish_weights,
+    published_versions,
+)
 
 MOUNT = REPO / "tests" / "netmount" / "mount.sh"
 UMOUNT = REPO / "tests" / "netmount" / "umount.sh"
@@ -202,13 +206,13 @@ class ListingPolicyWatcher(PolicyWatcher):
             functools.partial(
                 published_versions,
                 config.weights_dir,
-                above=self.state.applied_version,
+                above=self.state.versions.applied,
                 layout=config.trainer.weights_layout,
             ),
             limiter=self.file_limiter,
         )
-        usable = [v for v in versions if v <= self.state.next_step - 1]
-        if usable and usable[-1] > self.state.applied_version:
+        usable = [v for v in versions if v <= self.state.shipping.next_step - 1]
+        if usable and usable[-1] > self.state.versions.applied:
             await self.apply(usable[-1])
 
 
@@ -251,8 +255,8 @@ def measure_daemon(where: Place, watcher: str, steps: int) -> DaemonResult:
                 async with running_daemon(config) as daemon:
                     state = daemon.state
                     while daemon.outcome is None:
-                        if not applied or applied[-1][1] != state.applied_version:
-                            applied.append((time.time(), state.applied_version))
+                        if not applied or applied[-1][1] != state.versions.applied:
+                            applied.append((time.time(), state.versions.applied))
                         await state.wait_changed()
 
             trio.run(run)

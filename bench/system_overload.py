@@ -75,7 +75,7 @@ class RunResult:
 
     @property
     def dispatched(self) -> int:
-        return sum(self.outcome.state.rollouts.values())
+        return sum(self.outcome.state.dispatch.rollouts.values())
 
     @property
     def stale(self) -> int:
@@ -111,26 +111,27 @@ async def _run(overrides: list[str], mode: str, steps: int) -> RunResult:
     last_ship: tuple[float, int] = (0.0, 0)
     async with running_daemon(config) as run:
         state = run.state
-        shipped = state.next_step - 1
+        shipped = state.shipping.next_step - 1
         while run.outcome is None:
             await state.wait_changed()
-            peak = max(peak, state.payload_bytes)
-            if state.next_step - 1 == shipped:
+            peak = max(peak, state.payload.bytes)
+            if state.shipping.next_step - 1 == shipped:
                 continue
-            shipped = state.next_step - 1
-            now, completed = time.perf_counter(), state.rollouts["completed"]
+            shipped = state.shipping.next_step - 1
+            now, completed = time.perf_counter(), state.dispatch.rollouts["completed"]
             if first_ship is None:
                 first_ship = (now, completed)
             last_ship = (now, completed)
-            limit = state.inflight_limit or config.inference.max_inflight
+            limit = state.limits.rollouts or config.inference.max_inflight
             limits.append(limit)
             _, on_disk = await trio.to_thread.run_sync(tree_bytes, config.payload_root)
             peak = max(peak, on_disk)
             if shipped % max(steps // 10, 1) == 0 or VERBOSE:
                 print(
                     f"{stamp()} {mode}: step {shipped}, limit {limit}, in flight "
-                    f"{state.inflight_rollouts}, {on_disk / 1e6:.1f} MB, completed {completed}, "
-                    f"rollouts {dict(state.rollouts)}",
+                    f"{state.dispatch.inflight_rollouts}, {on_disk / 1e6:.1f} MB, "
+                    f"completed {completed}, "
+                    f"rollouts {dict(state.dispatch.rollouts)}",
                     flush=True,
                 )
     assert run.outcome is not None and first_ship is not None
@@ -140,7 +141,7 @@ async def _run(overrides: list[str], mode: str, steps: int) -> RunResult:
         time.perf_counter() - started,
         last_ship[0] - first_ship[0],
         last_ship[1] - first_ship[1],
-        max(peak, run.outcome.state.peak_payload_bytes),
+        max(peak, run.outcome.state.payload.peak_bytes),
         limits,
     )
 
@@ -256,8 +257,8 @@ def comparison(
         row("peak payload on disk", mb(fixed.peak_bytes), mb(adaptive.peak_bytes)),
         row(
             "bytes written",
-            mb(fixed.outcome.state.bytes_written),
-            mb(adaptive.outcome.state.bytes_written),
+            mb(fixed.outcome.state.payload.bytes_written),
+            mb(adaptive.outcome.state.payload.bytes_written),
         ),
         row("run time", f"{fixed.seconds:.0f} s", f"{adaptive.seconds:.0f} s"),
         row(

@@ -152,15 +152,15 @@ async def _start_up(overrides: list[str], bound: int) -> StartupResult:
             to_started = time.perf_counter() - started
             # The dispatcher counts a rollout in flight as it starts the group's task.
             # Polled: nothing notifies when a group starts. 1 ms keeps the poll off the CPU.
-            while state.inflight_rollouts == 0 and not state.rollouts:  # noqa: ASYNC110
+            while state.dispatch.inflight_rollouts == 0 and not state.dispatch.rollouts:  # noqa: ASYNC110
                 await trio.sleep(0.001)
             to_first = time.perf_counter() - started
-            while state.bound is None or state.bound < bound:
+            while state.versions.collected_below is None or state.versions.collected_below < bound:
                 await state.wait_changed()
             to_collected = time.perf_counter() - started
-            rollouts_meanwhile = state.rollouts["completed"]
-            files = state.files_deleted["collection"]
-            freed = state.bytes_deleted["collection"]
+            rollouts_meanwhile = state.dispatch.rollouts["completed"]
+            files = state.payload.files_deleted["collection"]
+            freed = state.payload.bytes_deleted["collection"]
         nursery.cancel_scope.cancel()
     audit_files, audit_start, audit_s = _start_up_collection(config.payload_root)
     # A lag belongs to the collection when the stall it measures overlaps it.

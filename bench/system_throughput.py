@@ -142,23 +142,23 @@ async def _measure(
     async with running_daemon(config) as run:
         state = run.state
         samples.append((time.perf_counter(), cpu_seconds(), time.thread_time(), 0))
-        shipped = state.next_step
+        shipped = state.shipping.next_step
         while run.outcome is None:
             # A cheap poll: waking on every state change would add work to the loop we
             # measure; 10 ms is fine-grained enough for rounds of several seconds.
             await trio.sleep(0.01)
-            if state.next_step != shipped:
-                shipped = state.next_step
+            if state.shipping.next_step != shipped:
+                shipped = state.shipping.next_step
                 samples.append(
                     (
                         time.perf_counter(),
                         cpu_seconds(),
                         time.thread_time(),
-                        state.rollouts["completed"],
+                        state.dispatch.rollouts["completed"],
                     )
                 )
     assert run.outcome is not None
-    return samples, run.outcome.state.rollouts, dict(run.outcome.sink.counters)
+    return samples, run.outcome.state.dispatch.rollouts, dict(run.outcome.sink.counters)
 
 
 def run_round(

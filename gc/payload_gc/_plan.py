@@ -42,8 +42,6 @@ class KeepReason(enum.Enum):
     #: A mount point (another filesystem, or a bind mount of the root's own): never
     #: entered. A real collection reports it as an error, since it stays below the bound.
     MOUNT_POINT = "mount point (not entered)"
-    #: The former name of `MOUNT_POINT` (an alias: the same member).
-    OTHER_FILESYSTEM = "mount point (not entered)"
 
 
 @attrs.frozen

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from orchestrator.config import Config, add_config_arguments, config_from_args, config_to_toml
+from orchestrator.handoff import handoff_format
 
 HELP = "validate a config file and print it resolved, with its derived values"
 
@@ -26,29 +27,20 @@ def derived_values_comment(config: Config) -> str:
     """TOML comment lines with what the daemon derives from the config, and why."""
     mode = "by handle" if config.by_handle else "inline"
     inference = config.inference
+    ships = handoff_format(config.trainer.format).describe(config.handoff_settings)
     lines = [
         "# Resolved config (every key, defaults included); derived values:",
         f"#   payload mode: {mode} ({config.payload_mode_reason})",
         f"#   payload root: {config.payload_root}",
         f"#   batches_dir:  {config.batches_dir}",
         f"#   weights_dir:  {config.weights_dir}",
-        f"#   ships:        {_ships(config)}",
+        f"#   ships:        {ships}",
         f"#   state_dir:    {config.state_dir}",
         f"#   reply cap:    {config.max_reply_bytes} bytes ({_how(inference.max_reply_bytes)})",
         f"#   reply budget: {config.max_buffered_reply_bytes} bytes "
         f"({_how(inference.max_buffered_reply_bytes)})",
     ]
     return "\n".join(lines) + "\n"
-
-
-def _ships(config: Config) -> str:
-    trainer = config.trainer
-    if trainer.format == "native":
-        return "native batches (step_000007/batch.bin)"
-    return (
-        f"prime-rl micro batches (step_7/rank_R.bin for {trainer.data_world_size} data "
-        f"rank(s), {config.train_seq_len} tokens each)"
-    )
 
 
 def _how(configured: int) -> str:

@@ -33,8 +33,8 @@ from orchestrator.handoff import (
     Progress,
     load_progress,
     published_versions,
+    shipped_steps_in,
 )
-from orchestrator.handoff.formats import shipped_steps_in
 
 __all__ = [
     "DaemonLock",

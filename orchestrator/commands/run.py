@@ -13,7 +13,6 @@ import argparse
 import json
 import signal
 import sys
-import time
 from types import FrameType
 
 HELP = "run the orchestrator daemon (with the local fleet and trainer when [sim] asks)"
@@ -63,10 +62,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
-    began = time.monotonic()
-    import structlog
     import trio
 
+    from orchestrator.commands.launch import launch_run
     from orchestrator.commands.summary import (
         check_invariants,
         invariants_hold,
@@ -74,22 +72,16 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
         summary_data,
     )
     from orchestrator.config import config_from_args
-    from orchestrator.daemon.payload_disk import tree_bytes
+    from orchestrator.daemon import RunOutcome, Stop
     from orchestrator.daemon.preflight import preflight
-    from orchestrator.daemon.run import RunOutcome, run_daemon
     from orchestrator.daemon.server_pool import InferenceUnavailable
-    from orchestrator.daemon.shipping import shipped_steps_of
-    from orchestrator.daemon.stop import Stop
     from orchestrator.logs import configure_logging
 
     config = config_from_args(args)
     configure_logging()
-    log = structlog.get_logger("orchestrator")
 
-    async def main() -> tuple[RunOutcome, Stop, bool]:
+    async def main() -> tuple[RunOutcome, Stop]:
         stop = Stop(grace_s=config.shutdown.grace_s)
-        outcome: RunOutcome | None = None
-        stopped = False
         with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
             for signum in early.take():
                 stop.request(signal.Signals(signum).name)
@@ -100,54 +92,28 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
                         stop.request(signal.Signals(signum).name)
 
                 nursery.start_soon(watch_signals)
-                with stop.scope:
-                    outcome = await run_daemon(
-                        config, stop=stop, metrics_sockets=checked.metrics_sockets
-                    )
-                if outcome is None:
-                    # Only a stop ends `run_daemon` without an outcome or an exception.
-                    stopped = True
-                    outcome = await stopped_outcome(stop)
+                outcome = await launch_run(
+                    config, stop=stop, metrics_sockets=checked.metrics_sockets
+                )
                 nursery.cancel_scope.cancel()
-        return outcome, stop, stopped
-
-    async def stopped_outcome(stop: Stop) -> RunOutcome:
-        """What a run stopped by a signal did, measured within what is left of the grace."""
-        assert stop.state is not None and stop.sink is not None  # run_daemon's first await
-        state = stop.state
-        with stop.grace():
-            # A walk that only reads: a second signal may abandon it.
-            _, on_disk = await trio.to_thread.run_sync(
-                tree_bytes, config.payload_root, abandon_on_cancel=True
-            )
-            state.record_payload_bytes(on_disk)
-        # A stop can land between a batch's rename into place and the daemon counting it:
-        # the batch directories on disk are what was shipped (docs/design.md §5).
-        shipped = shipped_steps_of(config) if config.batches_dir.is_dir() else []
-        state.next_step = max(state.next_step, shipped[-1] + 1 if shipped else 1)
-        log.info(
-            "stopped",
-            signal=stop.reason,
-            last_shipped=state.next_step - 1,
-            next="start the same command again to resume",
-        )
-        return RunOutcome(state, stop.sink, stop.first_step, time.monotonic() - began, ())
+        return outcome, stop
 
     with preflight(config) as checked:
         try:
-            outcome, stop, stopped = trio.run(main)
+            outcome, stop = trio.run(main)
         except BaseExceptionGroup as group:
             unavailable, rest = group.split(InferenceUnavailable)
             if unavailable is None or rest is not None:
                 raise
             print(f"orchestrator run: error: {_first_leaf(unavailable)}", file=sys.stderr)
             return 1
+    stopped = outcome.stopped
     invariants = check_invariants(
         batches_dir=config.batches_dir,
         payload_root=config.payload_root,
         trainer_report=config.run_dir / "trainer" / "report.json",
-        last_step=outcome.state.next_step - 1,
-        bound=outcome.state.bound,
+        last_step=outcome.state.shipping.last_shipped,
+        bound=outcome.state.versions.collected_below,
         stopped=stopped,
         batch_format=config.trainer.format,
         data_world_size=config.trainer.data_world_size,

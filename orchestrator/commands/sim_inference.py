@@ -1,7 +1,8 @@
 """`orchestrator sim-inference`: run one simulated inference server until SIGINT/SIGTERM.
 
 It speaks vLLM's tokens-in/tokens-out generate API, answering in prime-rl's form (the
-default) or upstream vLLM's (`--reply-form upstream`); see orchestrator.sim.inference.
+default) or upstream vLLM's (`--reply-form upstream`); see orchestrator.sim.inference
+and, for the forms, orchestrator.sim.reply_forms.
 With `--disaggregated` it serves a disaggregated prefill/decode deployment instead (a
 router in front of a prefill and a decode server, orchestrator.sim.pd_router), and the
 URL it prints is the router's.
@@ -17,6 +18,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import UserError
+from orchestrator.reply_form_names import DEFAULT_REPLY_FORM, REPLY_FORM_NAMES
 
 if TYPE_CHECKING:
     from orchestrator.sim import SimInferenceConfig
@@ -57,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     replies = parser.add_argument_group("replies")
     replies.add_argument(
         "--reply-form",
-        choices=("prime-rl", "upstream"),
-        default="prime-rl",
+        choices=REPLY_FORM_NAMES,
+        default=DEFAULT_REPLY_FORM,
         help="answer as prime-rl's vLLM extension (packed inline or by handle) or as "
         "upstream vLLM (.npy routing, mask lists, never by handle) (default %(default)s)",
     )

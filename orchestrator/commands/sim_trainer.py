@@ -34,8 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`--config FILE`, any number of `--set KEY=VALUE`, `--weights-layout`, `--format`,
     `--data-world-size`, `--log-json`."""
     from orchestrator.config import add_config_arguments
-    from orchestrator.handoff import STEP_LAYOUTS
-    from orchestrator.handoff.formats import BATCH_FORMATS
+    from orchestrator.handoff import STEP_LAYOUTS, format_names
 
     add_config_arguments(parser)
     parser.add_argument(
@@ -49,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--format",
-        choices=BATCH_FORMATS,
+        choices=format_names(),
         default=None,
         help=(
             "read native batches (step_000007/batch.bin) or prime-rl's step_7/rank_R.bin,"
@@ -114,15 +113,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _with_flags(config: SimTrainerConfig, args: argparse.Namespace) -> SimTrainerConfig:
-    """The config's trainer settings with the command line's flags applied. `--format
-    prime-rl` publishes in the prime-rl layout unless `--weights-layout` is given.
-    Raises UserError for a combination the trainer refuses."""
+    """The config's trainer settings with the command line's flags applied. `--format F`
+    publishes in the weights layout F's trainer uses when F fixes one ("prime-rl" does)
+    unless `--weights-layout` is given. Raises UserError for a combination the trainer
+    refuses."""
     import attrs
+
+    from orchestrator.handoff import handoff_format
 
     batch_format = config.format if args.format is None else args.format
     layout = config.weights_layout
-    if args.format == "prime-rl":
-        layout = "prime-rl"
+    if args.format is not None:
+        layout = handoff_format(args.format).weights_layout or layout
     if args.weights_layout is not None:
         layout = args.weights_layout
     ranks = config.data_world_size if args.data_world_size is None else args.data_world_size

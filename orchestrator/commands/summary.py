@@ -20,7 +20,7 @@ import attrs
 from payload_gc import PayloadGCError, RootMissing, human_bytes, scan_root
 
 from orchestrator.daemon.run_state import RunState
-from orchestrator.handoff.formats import BatchFormat, shipped_steps_in
+from orchestrator.handoff import BatchFormat, shipped_steps_in
 
 
 @attrs.frozen
@@ -123,20 +123,20 @@ def summary_data(
     first_step: int,
 ) -> dict[str, Any]:
     return {
-        "steps": state.next_step - 1,
+        "steps": state.shipping.next_step - 1,
         "first_step": first_step,
-        "applied_version": state.applied_version,
-        "bound": state.bound,
+        "applied_version": state.versions.applied,
+        "bound": state.versions.collected_below,
         "duration_s": round(duration_s, 2),
-        "rollouts": dict(state.rollouts),
-        "failures": dict(state.failures),
+        "rollouts": dict(state.dispatch.rollouts),
+        "failures": dict(state.dispatch.failures),
         "discards": discards,
-        "payload_files_written": state.files_written,
-        "payload_bytes_written": state.bytes_written,
-        "files_deleted": dict(state.files_deleted),
-        "bytes_deleted": dict(state.bytes_deleted),
-        "peak_payload_bytes": state.peak_payload_bytes,
-        "final_payload_bytes": state.payload_bytes,
+        "payload_files_written": state.payload.files_written,
+        "payload_bytes_written": state.payload.bytes_written,
+        "files_deleted": dict(state.payload.files_deleted),
+        "bytes_deleted": dict(state.payload.bytes_deleted),
+        "peak_payload_bytes": state.payload.peak_bytes,
+        "final_payload_bytes": state.payload.bytes,
         "invariants": [attrs.asdict(i) for i in invariants],
     }
 

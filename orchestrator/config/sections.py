@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import attrs
@@ -34,18 +34,21 @@ from orchestrator.config.reply_limits import (
 )
 from orchestrator.core.inflight import INFLIGHT_MODES, InflightMode
 from orchestrator.core.staleness import Staleness
-from orchestrator.handoff.formats import BATCH_FORMATS, BatchFormat
-from orchestrator.handoff.step_dirs import STEP_LAYOUTS, StepLayout
+from orchestrator.handoff import (
+    STEP_LAYOUTS,
+    BatchFormat,
+    HandoffSettings,
+    StepLayout,
+    format_names,
+    handoff_format,
+)
 from orchestrator.payload import RoutingShape
+from orchestrator.reply_form_names import DEFAULT_REPLY_FORM, REPLY_FORM_NAMES, ReplyFormName
 
 PayloadMode = Literal["auto", "by_handle", "inline"]
 PayloadField = Literal["routed_experts", "sampling_mask"]
 FinalTokenRoute = Literal["repeat", "sentinel"]
 EnvName = Literal["mixed", "math", "chat"]
-# The form the local inference servers answer in: prime-rl's vLLM extension (packed
-# arrays inline, or by handle) or upstream vLLM (inline only, payload_dir ignored).
-SimReplyForm = Literal["prime-rl", "upstream"]
-SIM_REPLY_FORMS: tuple[SimReplyForm, ...] = ("prime-rl", "upstream")
 # How the trainer names its weights' step directories.
 WeightsLayout = StepLayout
 
@@ -78,15 +81,18 @@ class StalenessConfig(Staleness):
     the config's checks (docs/design.md §3)."""
 
     max_off_policy_steps: int = attrs.field(default=2, validator=at_least(0))
-    max_async_steps: int = attrs.field(
-        default=1,
-        validator=[
-            at_least(0),
-            not_above_sibling(
-                "max_off_policy_steps", "it would generate rollouts it must throw away"
-            ),
-        ],
-    )
+    max_async_steps: int = attrs.field(default=1, validator=at_least(0))
+
+    def __attrs_post_init__(self) -> None:
+        # The core's rule, reported under the config's key.
+        problem = self.limits_problem()
+        if problem is not None:
+            raise InvalidValue(
+                f"must be <= {{0}} ({self.max_off_policy_steps}): {problem}",
+                value=self.max_async_steps,
+                key="max_async_steps",
+                siblings=["max_off_policy_steps"],
+            )
 
 
 @attrs.frozen
@@ -156,6 +162,11 @@ class InferenceConfig:
     max_buffered_reply_bytes: int = attrs.field(default=0, validator=at_least(0))
 
 
+def _registered_format(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    # The registry is read when a config is built, not when this module is imported.
+    one_of(format_names())(instance, attribute, value)
+
+
 @attrs.frozen
 class TrainerConfig:
     """The file hand-off with the trainer (docs/design.md §5)."""
@@ -167,7 +178,8 @@ class TrainerConfig:
     weights_dir: Path | None = attrs.field(default=None, converter=_optional_absolute_path)
     # What the daemon ships: "native" is ours, step_000007/batch.bin; "prime-rl" is what
     # prime-rl's trainer reads, step_7/rank_R.bin per data rank (msgpack micro batches).
-    format: BatchFormat = attrs.field(default="native", validator=one_of(BATCH_FORMATS))
+    # Any format in orchestrator.handoff's registry.
+    format: BatchFormat = attrs.field(default="native", validator=_registered_format)
     # prime-rl format: the trainer's data-parallel ranks, one rank_R.bin each.
     data_world_size: int = attrs.field(default=1, validator=at_least(1))
     # prime-rl format: tokens per micro batch (the trainer's seq_len); 0 is batch.max_seq_len.
@@ -214,7 +226,9 @@ class SimConfig:
     vocab_size: int = attrs.field(default=32000, validator=at_least(1))
     # How the local servers answer: "prime-rl" (packed inline, or segments by handle) or
     # "upstream" (vLLM as released: .npy routing, mask lists, payload_dir ignored).
-    reply_form: SimReplyForm = attrs.field(default="prime-rl", validator=one_of(SIM_REPLY_FORMS))
+    reply_form: ReplyFormName = attrs.field(
+        default=DEFAULT_REPLY_FORM, validator=one_of(REPLY_FORM_NAMES)
+    )
     # Server settings, as in vLLM: false answers routed_experts / sampling_mask null.
     capture_routed_experts: bool = True
     capture_sampling_mask: bool = True
@@ -314,6 +328,18 @@ class Config:
         """The tokens of one prime-rl micro batch: `trainer.seq_len`, or
         `batch.max_seq_len` when it is 0."""
         return self.trainer.seq_len or self.batch.max_seq_len
+
+    @property
+    def handoff_settings(self) -> HandoffSettings:
+        """What the trainer format (`trainer.format`) is told of the run: the one place
+        the hand-off's settings are built from the config."""
+        return HandoffSettings(
+            batches_dir=self.batches_dir,
+            weights_layout=self.trainer.weights_layout,
+            data_world_size=self.trainer.data_world_size,
+            seq_len=self.train_seq_len,
+            env_name=self.env.name,
+        )
 
     @property
     def state_dir(self) -> Path:
@@ -439,13 +465,10 @@ def _check_reply_limits(config: Config) -> None:
 
 def _check_trainer_format(config: Config) -> None:
     trainer = config.trainer
-    if trainer.format == "prime-rl" and trainer.weights_layout != "prime-rl":
-        raise InvalidValue(
-            f'requires trainer.weights_layout = "prime-rl" (got "{trainer.weights_layout}"): '
-            "prime-rl's trainer publishes its weights as broadcasts/step_N/STABLE",
-            value=trainer.format,
-            key="trainer.format",
-        )
+    problem = handoff_format(trainer.format).check(config.handoff_settings)
+    if problem is not None:
+        raise InvalidValue(problem, value=trainer.format, key="trainer.format")
+    # Whatever the format: a step holds no sample longer than batch.max_seq_len.
     if trainer.seq_len and trainer.seq_len < config.batch.max_seq_len:
         raise InvalidValue(
             f"must be 0 or >= batch.max_seq_len ({config.batch.max_seq_len}): "

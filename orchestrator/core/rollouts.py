@@ -179,8 +179,3 @@ class TrainSample:
                 raise ValueError(
                     f"inline {field} has shape {list(array.shape)}, the sample needs {length} rows"
                 )
-
-    @property
-    def payload_fields(self) -> frozenset[str]:
-        """The payload fields this sample carries, by handle or inline."""
-        return frozenset(self.payload) | frozenset(self.inline or {})

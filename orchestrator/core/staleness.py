@@ -25,11 +25,19 @@ class Staleness:
     max_async_steps: int = attrs.field(default=1, validator=attrs.validators.ge(0))
 
     def __attrs_post_init__(self) -> None:
-        if self.max_async_steps > self.max_off_policy_steps:
+        problem = self.limits_problem()
+        if problem is not None:
             raise ValueError(
                 f"max_async_steps ({self.max_async_steps}) must not exceed "
-                f"max_off_policy_steps ({self.max_off_policy_steps})"
+                f"max_off_policy_steps ({self.max_off_policy_steps}): {problem}"
             )
+
+    def limits_problem(self) -> str | None:
+        """What is wrong with the two limits together (`a > m`), or None: the one home of
+        that rule (the config reports it under its key)."""
+        if self.max_async_steps > self.max_off_policy_steps:
+            return "it would generate rollouts it must throw away"
+        return None
 
     def min_fresh_version(self, step: int) -> int:
         """The oldest group start version batch `step` may hold: `(step - 1) - m` (may be
@@ -40,6 +48,15 @@ class Staleness:
         """The last batch a group started under `start_version` may go into:
         `start_version + 1 + m` (the inverse of `min_fresh_version`)."""
         return start_version + 1 + self.max_off_policy_steps
+
+    def is_fresh(self, start_version: int, step: int) -> bool:
+        """Whether a group started under `start_version` may still go into batch `step`."""
+        return step <= self.last_step(start_version)
+
+    def allowance(self, start_version: int, step: int) -> int:
+        """The batches after `step` that may still ship before a group started under
+        `start_version` is stale: `last_step(start_version) - step` (negative once it is)."""
+        return self.last_step(start_version) - step
 
     def may_ship(self, step: int, applied_version: int) -> bool:
         """The batch gate: batch `step` ships once the applied version is at least

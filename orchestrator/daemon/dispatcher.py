@@ -10,7 +10,6 @@ collector and to the sink's stale accounting).
 from __future__ import annotations
 
 import hashlib
-import random
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import trio.lowlevel
 from payload_gc import PayloadGCError, PayloadRootFiles
 
 from orchestrator.config import Config
+from orchestrator.core.admission import DispatchGate, Pipe
 from orchestrator.core.arrays import TOKEN_DTYPE
 from orchestrator.core.environments import Environment, Prompt
 from orchestrator.core.rollouts import GroupResult, RolloutResult
@@ -40,7 +40,15 @@ from orchestrator.daemon.server_pool import ServerPool
 from orchestrator.payload import RoutingShape, version_dir
 from orchestrator.wire import InferenceFailure, build_generate_request, parse_generate_response
 
-log = structlog.get_logger("orchestrator.dispatch")
+log = structlog.get_logger(__name__)
+
+
+@attrs.frozen
+class Dispatched:
+    """When a group was dispatched: trio's clock, and the batch being filled then."""
+
+    at: float
+    step: int
 
 
 @attrs.define
@@ -68,18 +76,21 @@ class Dispatcher:
     sink: TrainSink  # read for its count of queued samples
     file_limiter: trio.CapacityLimiter
     pool: ServerPool
-    _groups_started: int = 0
     # The last version's payload directory: one Path per version, not one per rollout.
     _last_payload_dir: tuple[int, Path] | None = None
     # Whether rollouts write payload files (decided by the config once, not per rollout).
     _writes_files: bool = attrs.field(init=False)
+    _gate: DispatchGate = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._writes_files = self.config.by_handle and bool(self.config.payload.fields)
+        config = self.config
+        self._writes_files = config.by_handle and bool(config.payload.fields)
+        self._gate = DispatchGate(config.staleness, config.batch.size, config.batch.group_size)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start groups until cancelled. Closes the results channel when it ends."""
-        rng = random.Random(self.config.seed)
+        """Start groups until cancelled, drawing the environment's prompts from
+        `state.dispatch.prompts_drawn` on. Closes the results channel when it ends."""
+        dispatch = self.state.dispatch
         async with self.results, trio.open_nursery() as nursery:
             task_status.started()
             while True:
@@ -90,11 +101,11 @@ class Dispatcher:
                     # Every server is down: wait for the prober to bring one back.
                     await self.state.wait_changed()
                     continue
-                prompt = self.environment.draw_prompt(rng)
-                self._groups_started += 1
-                group_id = f"g{self._groups_started:07d}-{prompt.prompt_id}"
+                prompt = self.environment.prompt(dispatch.prompts_drawn)
+                dispatch.prompts_drawn += 1
+                group_id = f"g{dispatch.prompts_drawn:07d}-{prompt.prompt_id}"
                 # Counted here, not in the task, so the gate sees it before the next pass.
-                self.state.inflight_rollouts += self.config.batch.group_size
+                dispatch.inflight_rollouts += self.config.batch.group_size
                 self.pool.load[server] += self.config.batch.group_size
                 nursery.start_soon(
                     self._run_group,
@@ -102,44 +113,23 @@ class Dispatcher:
                     prompt,
                     server,
                     self.results.clone(),
-                    (trio.current_time(), self.state.next_step),
+                    Dispatched(trio.current_time(), self.state.shipping.next_step),
                 )
                 await trio.lowlevel.checkpoint()
 
     def _may_start(self) -> bool:
-        config, state = self.config, self.state
-        allowance = self._allowance()
-        # Enough work in the pipe for the batches a group dispatched now can still go
-        # into fresh, and no more: anything beyond would only grow stale. Those are the
-        # batches the gate allows to fill (`a + 1`), and no more than `allowance + 1`:
-        # with `m = a` and shipping at the gate's furthest, only the batch being filled.
-        fresh_batches = min(state.staleness.batches_in_flight, allowance + 1)
-        return (
-            state.may_start_groups()
-            and state.inflight_rollouts + config.batch.group_size <= self._inflight_limit()
-            and self._enough_allowance(allowance)
-            and self.sink.queued_samples + state.inflight_rollouts
-            < config.batch.size * fresh_batches
-        )
-
-    def _allowance(self) -> int:
-        """The batches that may ship while a group dispatched now runs before it is
-        stale: from the one being filled to `last_step` of the applied version."""
         state = self.state
-        return self.config.staleness.last_step(state.applied_version) - state.next_step
-
-    def _enough_allowance(self, allowance: int) -> bool:
-        """Whether a group dispatched now may see as many batches ship as a typical group
-        does before it would be stale. Capped at `m`, the allowance a group has once the
-        trainer has caught up: holding never stops the run, it waits for a version."""
-        hold = min(self.state.min_allowance, self.config.staleness.max_off_policy_steps)
-        return allowance >= hold
-
-    def _inflight_limit(self) -> int:
-        """The adaptive limit the daemon chose (orchestrator/core/inflight.py), else the
-        configured one."""
-        limit = self.state.inflight_limit
-        return self.config.inference.max_inflight if limit is None else limit
+        limit = state.limits.rollouts
+        pipe = Pipe(
+            applied_version=state.versions.applied,
+            next_step=state.shipping.next_step,
+            inflight_rollouts=state.dispatch.inflight_rollouts,
+            queued_samples=self.sink.queued_samples,
+            limit=self.config.inference.max_inflight if limit is None else limit,
+            min_allowance=state.limits.min_allowance,
+            ending=state.dispatch.stopping or state.shipping.done,
+        )
+        return self._gate.may_start(pipe)
 
     async def _run_group(
         self,
@@ -147,7 +137,7 @@ class Dispatcher:
         prompt: Prompt,
         server: str,
         results: trio.MemorySendChannel[GroupResult],
-        dispatched: tuple[float, int],
+        dispatched: Dispatched,
     ) -> None:
         state = self.state
         try:
@@ -156,7 +146,7 @@ class Dispatcher:
             # Counted until the sink has the group, not only while its requests run: a
             # group waiting for its file check or for admission (behind a busy loop) is
             # still work the in-flight limit must see, or more is dispatched meanwhile.
-            state.inflight_rollouts -= self.config.batch.group_size
+            state.dispatch.inflight_rollouts -= self.config.batch.group_size
             state.notify()
 
     async def _run_and_hand_on(
@@ -165,27 +155,28 @@ class Dispatcher:
         prompt: Prompt,
         server: str,
         results: trio.MemorySendChannel[GroupResult],
-        dispatched: tuple[float, int],
+        dispatched: Dispatched,
     ) -> None:
         state, size = self.state, self.config.batch.group_size
-        start_version = state.applied_version
+        dispatch = state.dispatch
+        start_version = state.versions.applied
         runs: list[RolloutRun | None] = [None] * size
         scope = trio.CancelScope()
         group = InflightGroup(group_id, start_version, server, scope)
-        state.groups[group_id] = group
+        dispatch.groups[group_id] = group
         try:
             with scope:
                 async with trio.open_nursery() as nursery:
                     for index in range(size):
                         nursery.start_soon(self._run_member, runs, index, group, prompt)
         finally:
-            del state.groups[group_id]
+            del dispatch.groups[group_id]
             self.pool.load[server] -= size
             state.notify()
-        if state.stopping:
+        if dispatch.stopping:
             # The run is over: nothing this group made can ship. Its files lie in versions
             # that the final collection (or the next run's start-up sync) deals with.
-            state.rollouts["stopped"] += size
+            dispatch.rollouts["stopped"] += size
             results.close()
             return
         if scope.cancelled_caught:
@@ -196,10 +187,12 @@ class Dispatcher:
             # report them missing.
             await self._check_files([run for run in runs if run is not None])
         rollouts = tuple(
-            self._finish(run, prompt)
-            if run is not None
-            else RolloutResult(f"{group_id}-r{i}", start_version, failed="cancelled")
-            for i, run in enumerate(runs)
+            [
+                await self._finish(run, prompt)
+                if run is not None
+                else RolloutResult(f"{group_id}-r{i}", start_version, failed="cancelled")
+                for i, run in enumerate(runs)
+            ]
         )
         async with results:
             await results.send(
@@ -208,8 +201,8 @@ class Dispatcher:
                     start_version,
                     rollouts,
                     server=server,
-                    dispatched_at=dispatched[0],
-                    dispatched_step=dispatched[1],
+                    dispatched_at=dispatched.at,
+                    dispatched_step=dispatched.step,
                 )
             )
 
@@ -246,13 +239,14 @@ class Dispatcher:
             for (run, _, _), turn_files in zip(checks, found, strict=True)
             for name, size in turn_files.sizes.items()
         }
-        self.state.record_written(sizes)
+        state = self.state
+        state.payload.record_written(sizes, collected_below=state.versions.collected_below)
         problems = [turn_files.problem for turn_files in found]
-        bound = self.state.collection_bound
+        bound = state.collecting_below
         for (run, index, turn), problem in zip(checks, problems, strict=True):
             # A version collected while the check ran: the rollout is stale, not poisoned.
             if problem is not None and run.version >= bound:
-                self.state.rejections.record(
+                state.dispatch.rejections.record(
                     "poisoned_payload", run.server, problem, rollout=run.rollout_id
                 )
                 prompt_len = run.turns[index][0]
@@ -271,8 +265,8 @@ class Dispatcher:
     async def _run_rollout(
         self, rollout_id: str, prompt: Prompt, server: str, stop: trio.Event
     ) -> RolloutRun:
-        config, state = self.config, self.state
-        version = state.applied_version
+        config = self.config
+        version = self.state.versions.applied
         payload_dir = self._payload_dir(version) if self._writes_files else None
         tokens = np.asarray(prompt.token_ids, dtype=TOKEN_DTYPE)
         run = RolloutRun(rollout_id, version, payload_dir, tokens, server=server)
@@ -306,13 +300,14 @@ class Dispatcher:
                 run.failed = str(failure)
                 return run
             run.turns.append((len(run.tokens), turn))
-            reply = self.environment.reply(prompt, turn_index, turn.completion_ids.tolist())
-            run.tokens = np.concatenate(
-                [run.tokens, turn.completion_ids, np.asarray(reply or (), dtype=TOKEN_DTYPE)]
-            )
-            routing_start = len(run.tokens) - len(reply or ()) - 1
+            reply = await self.environment.reply(prompt, turn_index, turn.completion_ids)
             if reply is None:
+                run.tokens = np.concatenate([run.tokens, turn.completion_ids])
                 break
+            run.tokens = np.concatenate(
+                [run.tokens, turn.completion_ids, np.asarray(reply, dtype=TOKEN_DTYPE)]
+            )
+            routing_start = len(run.tokens) - len(reply) - 1
         return run
 
     def _learn_routing_shape(self, turn: TurnOutput, server: str) -> None:
@@ -322,7 +317,7 @@ class Dispatcher:
         if rows is None or len(rows) != 2:
             return
         layers, top_k = rows
-        self.state.routing_shape = RoutingShape(layers, top_k)
+        self.state.dispatch.routing_shape = RoutingShape(layers, top_k)
         log.info(
             "routing shape fixed by the first reply", server=server, layers=layers, top_k=top_k
         )
@@ -332,16 +327,16 @@ class Dispatcher:
             self._last_payload_dir = (version, version_dir(self.config.payload_root, version))
         return self._last_payload_dir[1]
 
-    def _finish(self, run: RolloutRun, prompt: Prompt) -> RolloutResult:
+    async def _finish(self, run: RolloutRun, prompt: Prompt) -> RolloutResult:
         """Score a finished rollout and build its sample."""
-        config, state = self.config, self.state
+        config, dispatch = self.config, self.state.dispatch
         files = frozenset(f for _, turn in run.turns for f in turn.files)
         if run.failed is not None:
             stopped = run.failed.startswith("stopped")
-            state.rollouts["stopped" if stopped else "failed"] += 1
+            dispatch.rollouts["stopped" if stopped else "failed"] += 1
             return RolloutResult(run.rollout_id, run.version, files=files, failed=run.failed)
-        reward = self.environment.reward(
-            prompt, [turn.completion_ids.tolist() for _, turn in run.turns]
+        reward = await self.environment.score(
+            prompt, [turn.completion_ids for _, turn in run.turns]
         )
         try:
             sample, routing_dropped = build_sample(
@@ -356,11 +351,11 @@ class Dispatcher:
             # Replies that passed every check but break the stitcher in a way nobody
             # foresaw: this rollout is lost (its files go with it), the daemon runs on.
             detail = f"cannot build the sample ({exc!r:.200})"
-            state.rejections.record("stitching", run.server, detail, rollout=run.rollout_id)
-            state.rollouts["failed"] += 1
+            dispatch.rejections.record("stitching", run.server, detail, rollout=run.rollout_id)
+            dispatch.rollouts["failed"] += 1
             return RolloutResult(run.rollout_id, run.version, files=files, failed=detail)
         if routing_dropped:
-            state.rejections.record(
+            dispatch.rejections.record(
                 "routing_gap",
                 run.server,
                 "routing has a gap the stitcher cannot close: sample kept without routing",
@@ -371,10 +366,10 @@ class Dispatcher:
             # Every turn's payload was good on its own, but they cannot be stitched into
             # one sample (turns that disagree on row shape). A poisoned turn was
             # recorded as "poisoned_payload" already.
-            state.rejections.record(
+            dispatch.rejections.record(
                 "stitching", run.server, str(sample.untrainable), rollout=run.rollout_id
             )
-        state.rollouts["poisoned" if poisoned else "completed"] += 1
+        dispatch.rollouts["poisoned" if poisoned else "completed"] += 1
         return RolloutResult(
             run.rollout_id, run.version, reward=reward, samples=(sample,), files=files
         )
@@ -406,7 +401,7 @@ class Dispatcher:
                     routing_start=routing_start,
                     payload_dir=payload_dir,
                     fields=config.payload.fields,
-                    routing_shape=self.state.routing_shape,
+                    routing_shape=self.state.dispatch.routing_shape,
                 )
             except trio.TooSlowError:
                 failure = InferenceFailure("timeout", f"{server}: no answer in time")
@@ -418,15 +413,15 @@ class Dispatcher:
                 failure = InferenceFailure("malformed", f"unparseable reply ({exc!r:.200})")
             else:
                 if turn.poisoned is not None:
-                    self.state.rejections.record("poisoned_payload", server, turn.poisoned)
-                elif self.state.routing_shape is None:
+                    self.state.dispatch.rejections.record("poisoned_payload", server, turn.poisoned)
+                elif self.state.dispatch.routing_shape is None:
                     self._learn_routing_shape(turn, server)
                 return turn
             attempt += 1
             retrying = (
                 failure.transient and attempt <= config.inference.retries and not stop.is_set()
             )
-            self.state.rejections.record(
+            self.state.dispatch.rejections.record(
                 failure.kind, server, failure.detail, attempt=attempt, retrying=retrying
             )
             if failure.kind == "connect":

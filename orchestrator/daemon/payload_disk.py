@@ -1,6 +1,7 @@
 """Disk work on the payload root that the daemon does itself, always in worker threads.
 
-- deleting the files of discarded samples (the sink decides which; this only unlinks);
+- deleting the files of discarded samples (the sink decides which; this only unlinks, and
+  `PayloadDeleter` enters it in the run's payload ledger);
 - measuring the bytes on disk under the root, when asked (the end of a run's summary):
   the running daemon does not walk the root, it keeps an account of the files it knows
   (`payload_account.py`).
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import attrs
+import structlog
 import trio
 from payload_gc import (
     FileRemoval,
@@ -27,6 +29,9 @@ from payload_gc import (
 )
 
 from orchestrator.daemon.payload_account import payload_file_key
+from orchestrator.daemon.run_state import PayloadLedger
+
+log = structlog.get_logger(__name__)
 
 
 def unlink_files(root: Path, paths: Sequence[str]) -> FileRemoval:
@@ -93,3 +98,30 @@ def tree_bytes(root: Path) -> tuple[int, int]:
 async def measure_tree(root: Path, *, limiter: trio.CapacityLimiter) -> tuple[int, int]:
     """`tree_bytes` in a worker thread."""
     return await trio.to_thread.run_sync(tree_bytes, root, limiter=limiter)
+
+
+@attrs.frozen
+class PayloadDeleter:
+    """Deletes the payload files of discarded samples and swept groups, and enters what it
+    did in the run's payload ledger."""
+
+    root: Path
+    ledger: PayloadLedger
+    limiter: trio.CapacityLimiter
+
+    async def delete(self, files: Sequence[str], *, reason: str) -> None:
+        """Unlink `files` (in a worker thread), counted under `reason` ("discard", "sweep").
+        What cannot be deleted is logged and left: a version directory that became a link
+        or a mount point, or a file that cannot be unlinked; the version collector reports
+        it again."""
+        if not files:
+            return
+        removal = await delete_files(self.root, files, limiter=self.limiter)
+        self.ledger.record_files_deleted(self.root, files, removal, reason=reason)
+        if removal.problem_count:
+            log.warning(
+                "payload files not deleted",
+                reason=reason,
+                count=removal.problem_count,
+                problems=list(removal.problems),
+            )

@@ -33,7 +33,7 @@ from orchestrator.handoff import weights_step_dir
 from orchestrator.handoff.weights import newest_published_version
 from orchestrator.wire import InferenceFailure
 
-log = structlog.get_logger("orchestrator.policy")
+log = structlog.get_logger(__name__)
 
 
 #: The longest one collection may take before the run stops with an error.
@@ -147,8 +147,8 @@ class PolicyWatcher:
         first, in a worker thread (`newest_published_version`). A probe that fails (a
         network filesystem's error) is logged once and tried again at the next one.
         """
-        applied = self.state.applied_version
-        shipped = self.state.next_step - 1
+        applied = self.state.versions.applied
+        shipped = self.state.shipping.last_shipped
         if shipped <= applied:
             return
         config = self.config
@@ -176,28 +176,30 @@ class PolicyWatcher:
             log.info("looking for new weights works again", weights_dir=str(config.weights_dir))
             self._probe_failing = False
         # The applied version may have moved while the probe ran (start-up's own load).
-        if version is not None and version > self.state.applied_version:
+        if version is not None and version > self.state.versions.applied:
             await self.apply(version)
 
     async def apply(self, version: int) -> None:
         """Load `version` on every server, apply it, collect, sweep (docs/design.md §5)."""
-        previous = self.state.applied_version
+        previous = self.state.versions.applied
         await self.load(version)
         await self.settle(version)
-        log.info("applied version", version=version, previous=previous, bound=self.state.bound)
+        bound = self.state.versions.collected_below
+        log.info("applied version", version=version, previous=previous, bound=bound)
 
     async def load(self, version: int) -> None:
         """Load `version` on every server and make it the applied version: rollouts
         dispatched from now on are tagged with it."""
         await broadcast_update_weights(self.client, self.config, self.pool, version)
-        self.state.applied_version = version
+        self.state.versions.applied = version
         self.state.notify()
 
     async def settle(self, version: int) -> None:
         """The rest of an update to `version`: collect below its bound, then sweep."""
         await self.collect(version)
         await self.sweep()
-        self.state.settled_version = max(self.state.settled_version, version)
+        versions = self.state.versions
+        versions.settled = max(versions.settled, version)
         self.state.notify()
 
     async def collect(self, version: int) -> None:
@@ -214,12 +216,20 @@ class PolicyWatcher:
             return
         # Collections end in the order they start (they share the root's lock), but the
         # start-up one runs beside the watcher's: the bound never goes back.
-        state.bound = bound if state.bound is None else max(state.bound, bound)
+        versions = state.versions
+        versions.collected_below = (
+            bound if versions.collected_below is None else max(versions.collected_below, bound)
+        )
         # Disk use peaks right before a collection: the running account then (already in
-        # `peak_payload_bytes`). The collector looked at no kept version, so the account,
+        # `payload.peak_bytes`). The collector looked at no kept version, so the account,
         # not a walk, says what is left: the versions below the bound leave it.
         failed = (parse_version(error.name) for error in report.errors)
-        state.record_collected(bound, failed=[v for v in failed if v is not None])
+        state.payload.record_collected(
+            bound,
+            files=report.files,
+            bytes=report.bytes,
+            failed=[v for v in failed if v is not None],
+        )
         if report.busy:
             # Not a failure: files deleted while still open elsewhere; the next
             # collection (the directories stay below the bound) tries again.
@@ -230,8 +240,6 @@ class PolicyWatcher:
             )
         if self.collection_times is not None:
             self.collection_times.observe_collection(time.monotonic() - started)
-        state.files_deleted["collection"] += report.files
-        state.bytes_deleted["collection"] += report.bytes
         # Once per version, when a step's worth of objects has just been let go.
         await trio.to_thread.run_sync(trim_heap, limiter=self.file_limiter)
         log.info(
@@ -240,6 +248,6 @@ class PolicyWatcher:
             dirs=len(report.deleted),
             files=report.files,
             bytes=report.bytes,
-            payload_bytes=state.payload_bytes,
+            payload_bytes=state.payload.bytes,
             duration_s=round(time.monotonic() - started, 3),
         )

@@ -49,7 +49,7 @@ class _LogWindow:
 class Rejections:
     """Counts, texts and rate-limited log lines of rejections (see the module docstring).
 
-    `counts` may be shared with the owner (`RunState.failures` is this very Counter).
+    `counts` may be shared with the owner (`Dispatch.failures` is this very Counter).
     """
 
     counts: Counter[str] = attrs.field(factory=Counter)

@@ -1,9 +1,18 @@
-"""The daemon's shared, in-memory state and the staleness gate (docs/design.md §3).
+"""The daemon's shared, in-memory state, split by the service that writes each part.
 
-All components run in one trio thread, so plain attributes are safe as long as no
-`await` separates a read from the write that depends on it. Components that wait for
-"something changed" (a version applied, a batch shipped, a group finished) call
-`wait_changed()`; whoever changes the state calls `notify()`.
+All services run in one trio thread, so plain attributes are safe as long as no `await`
+separates a read from the write that depends on it. Each part has one writer and any
+number of readers:
+
+- `Versions`: the policy watcher (what is applied, settled, collected below);
+- `Shipping`: the shipper (the batch being filled);
+- `Dispatch`: the dispatcher (the groups in flight, outcomes, failures, the routing shape);
+- `InflightLimits`: admission (the in-flight limit it chose from what it saw);
+- `PayloadLedger`: the payload account, changed only through its `record_*` methods by
+  whoever writes or deletes payload files.
+
+Services that wait for "something changed" (a version applied, a batch shipped, a group
+finished) call `wait_changed()`; whoever changes a part calls `notify()`.
 """
 
 from __future__ import annotations
@@ -41,121 +50,198 @@ class InflightGroup:
 
 
 @attrs.define
-class RunState:
-    """Versions, steps, in-flight work and counters of one daemon run."""
+class Changes:
+    """The run's one "something changed" signal."""
 
-    staleness: Staleness
-    max_steps: int  # 0: run until stopped
-    applied_version: int = 0
-    # The last version whose update finished: applied, collected and swept.
-    settled_version: int = 0
-    next_step: int = 1  # the batch being filled
-    bound: int | None = None  # the last collection bound
-    inflight_rollouts: int = 0
-    # The limit on rollouts in flight the dispatcher obeys: the adaptive one's latest
-    # choice (orchestrator/core/inflight.py); None is `inference.max_inflight`.
-    inflight_limit: int | None = None
-    # The least allowance a group should be dispatched with (orchestrator/core/inflight.py):
-    # batches that may ship while it runs before it is stale.
-    min_allowance: int = 0
-    groups: dict[str, InflightGroup] = attrs.field(factory=dict)
-    # Outcomes of rollouts ("completed", "failed", "poisoned") and failures by kind.
-    rollouts: Counter[str] = attrs.field(factory=Counter)
-    failures: Counter[str] = attrs.field(factory=Counter)
-    # Every failure is recorded through this (its counts are `failures` itself).
-    rejections: Rejections = attrs.field(
-        default=attrs.Factory(lambda self: Rejections(self.failures), takes_self=True)
-    )
-    # Files and bytes deleted, by path: "discard", "sweep", "collection", "wipe".
-    files_deleted: Counter[str] = attrs.field(factory=Counter)
-    bytes_deleted: Counter[str] = attrs.field(factory=Counter)
-    files_written: int = 0
-    bytes_written: int = 0
-    # Payload bytes on disk by the daemon's running account (no walk of the root: see
-    # orchestrator/daemon/payload_account.py), and the most the account ever held: its
-    # value right before a collection, where disk use peaks.
-    peak_payload_bytes: int = 0
-    payload_bytes: int = 0
-    payload_account: PayloadAccount = attrs.field(factory=PayloadAccount)
-    stopping: bool = False
-    # The model's routing shape every reply is checked against: from the config, or fixed
-    # by the first reply of the run that carries routing (None until then).
-    routing_shape: RoutingShape | None = None
-    _changed: trio.Event = attrs.field(factory=trio.Event)
+    _event: trio.Event = attrs.field(factory=trio.Event)
 
     def notify(self) -> None:
         """Wake every task waiting in `wait_changed`."""
-        self._changed.set()
-        self._changed = trio.Event()
+        self._event.set()
+        self._event = trio.Event()
 
     async def wait_changed(self) -> None:
-        await self._changed.wait()
+        await self._event.wait()
 
     def changed(self) -> trio.Event:
         """The event the next `notify()` sets. Take it *before* doing work that may await,
         then wait on it, so a change made meanwhile is not missed."""
-        return self._changed
+        return self._event
+
+
+@attrs.define
+class Versions:
+    """Written by the policy watcher."""
+
+    # Rollouts dispatched now are tagged with it: every server has loaded it.
+    applied: int = 0
+    # The last version whose update finished: applied, collected and swept.
+    settled: int = 0
+    # The bound of the last finished collection: no `v<k>` below it is left.
+    collected_below: int | None = None
+
+
+@attrs.define
+class Shipping:
+    """Written by the shipper."""
+
+    max_steps: int  # 0: run until stopped
+    next_step: int = 1  # the batch being filled
 
     @property
-    def done_shipping(self) -> bool:
+    def done(self) -> bool:
         return self.max_steps > 0 and self.next_step > self.max_steps
 
-    def may_ship(self, step: int) -> bool:
-        """The `max_async_steps` gate: batch `step` ships once the applied version is
-        at least `step - 1 - max_async_steps`."""
-        return self.staleness.may_ship(step, self.applied_version)
-
-    def may_start_groups(self) -> bool:
-        """New groups start only while the batch being filled could ship."""
-        return not self.stopping and not self.done_shipping and self.may_ship(self.next_step)
-
     @property
-    def fresh_bound(self) -> int:
-        """The oldest group start version the batch being filled may contain."""
-        return self.staleness.min_fresh_version(self.next_step)
+    def last_shipped(self) -> int:
+        return self.next_step - 1
 
-    @property
-    def collection_bound(self) -> int:
-        """The bound of the collection that follows applying `applied_version`: versions
-        below it are deleted, or about to be (`bound` is set once that collection ends)."""
-        return self.staleness.collection_bound(self.applied_version)
 
-    def record_written(self, sizes: Mapping[tuple[int, str], int]) -> None:
+@attrs.define
+class Dispatch:
+    """Written by the dispatcher (and by the end of the run, which stops it)."""
+
+    # Prompts drawn from the environment (the next group's prompt is this index).
+    prompts_drawn: int = 0
+    # Rollouts dispatched whose group the sink has not taken yet.
+    inflight_rollouts: int = 0
+    groups: dict[str, InflightGroup] = attrs.field(factory=dict)
+    # Outcomes of rollouts ("completed", "failed", "poisoned", "stopped") and failures by
+    # kind; every failure is recorded through `rejections` (its counts are `failures`).
+    rollouts: Counter[str] = attrs.field(factory=Counter)
+    failures: Counter[str] = attrs.field(factory=Counter)
+    rejections: Rejections = attrs.field(
+        default=attrs.Factory(lambda self: Rejections(self.failures), takes_self=True)
+    )
+    # No group starts any more: the run is ending.
+    stopping: bool = False
+    # The model's routing shape every reply is checked against: from the config, or fixed
+    # by the first reply of the run that carries routing (None until then).
+    routing_shape: RoutingShape | None = None
+
+
+@attrs.define
+class InflightLimits:
+    """Written by admission, from the adaptive limit's decisions (orchestrator/core/inflight.py)."""
+
+    # The limit on rollouts in flight the dispatcher obeys; None is `inference.max_inflight`.
+    rollouts: int | None = None
+    # The least allowance a group should be dispatched with: batches that may ship while it
+    # runs before it is stale.
+    min_allowance: int = 0
+
+
+@attrs.define
+class PayloadLedger:
+    """The payload files written and deleted, and the running account of what is on disk
+    (no walk of the root: see orchestrator/daemon/payload_account.py)."""
+
+    # Files and bytes deleted, by reason: "discard", "sweep", "collection", "wipe".
+    files_deleted: Counter[str] = attrs.field(factory=Counter)
+    bytes_deleted: Counter[str] = attrs.field(factory=Counter)
+    files_written: int = 0
+    bytes_written: int = 0
+    # Bytes on disk by the account, and the most it ever held: its value right before a
+    # collection, where disk use peaks.
+    bytes: int = 0
+    peak_bytes: int = 0
+    account: PayloadAccount = attrs.field(factory=PayloadAccount)
+
+    def record_written(
+        self, sizes: Mapping[tuple[int, str], int], *, collected_below: int | None
+    ) -> None:
         """Payload files a group's check found on disk, `(version, name) -> size`: counted
         as written, and entered in the account, except in versions already collected (a
         collection that ended while the check ran: those files are gone)."""
         self.files_written += len(sizes)
         self.bytes_written += sum(sizes.values())
-        bound = self.bound
-        if bound is not None:
-            sizes = {key: size for key, size in sizes.items() if key[0] >= bound}
-        self.payload_account.add(sizes)
+        if collected_below is not None:
+            sizes = {key: size for key, size in sizes.items() if key[0] >= collected_below}
+        self.account.add(sizes)
         self._account_changed()
 
-    def record_files_deleted(self, root: Path, paths: Iterable[str], removal: FileRemoval) -> None:
-        """A discard or sweep was asked to delete `paths` (`<root>/v<k>/<name>`) and did
-        what `removal` says: the files it deleted leave the account (those it left, in
-        `removal.left`, stay)."""
+    def record_files_deleted(
+        self, root: Path, paths: Iterable[str], removal: FileRemoval, *, reason: str
+    ) -> None:
+        """A discard or sweep (`reason`) was asked to delete `paths` (`<root>/v<k>/<name>`)
+        and did what `removal` says: the files it deleted leave the account (those it
+        left, in `removal.left`, stay)."""
+        self.files_deleted[reason] += removal.files
+        self.bytes_deleted[reason] += removal.bytes
         prefix = os.fspath(root)
         left = set(removal.left)
         keys = (payload_file_key(prefix, path) for path in paths)
-        self.payload_account.remove(key for key in keys if key is not None and key not in left)
+        self.account.remove(key for key in keys if key is not None and key not in left)
         self._account_changed()
 
-    def record_collected(self, bound: int, *, failed: Iterable[int] = ()) -> None:
-        """A collection removed every version below `bound`: their files leave the
-        account (busy files it left behind included: they go once closed), except those
-        of the `failed` versions, which it could not delete entirely (counted in full
-        until a collection succeeds)."""
-        self.payload_account.remove_below(bound, keep=failed)
+    def record_collected(
+        self, bound: int, *, files: int = 0, bytes: int = 0, failed: Iterable[int] = ()
+    ) -> None:
+        """A collection removed every version below `bound` (`files` and `bytes` of
+        them): their files leave the account (busy files it left behind included: they go
+        once closed), except those of the `failed` versions, which it could not delete
+        entirely (counted in full until a collection succeeds)."""
+        self.files_deleted["collection"] += files
+        self.bytes_deleted["collection"] += bytes
+        self.account.remove_below(bound, keep=failed)
         self._account_changed()
 
-    def record_payload_bytes(self, total: int) -> None:
+    def record_measured(self, total: int) -> None:
         """A measured total (a walk of the root, as at the end of a run), which replaces
         the account's figure until the account next changes."""
-        self.payload_bytes = total
-        self.peak_payload_bytes = max(self.peak_payload_bytes, total)
+        self.bytes = total
+        self.peak_bytes = max(self.peak_bytes, total)
 
     def _account_changed(self) -> None:
-        self.payload_bytes = self.payload_account.bytes
-        self.peak_payload_bytes = max(self.peak_payload_bytes, self.payload_bytes)
+        self.bytes = self.account.bytes
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+
+
+@attrs.frozen
+class RunState:
+    """Versions, steps, in-flight work and counters of one daemon run, by writer."""
+
+    staleness: Staleness
+    shipping: Shipping
+    versions: Versions = attrs.field(factory=Versions)
+    dispatch: Dispatch = attrs.field(factory=Dispatch)
+    limits: InflightLimits = attrs.field(factory=InflightLimits)
+    payload: PayloadLedger = attrs.field(factory=PayloadLedger)
+    changes: Changes = attrs.field(factory=Changes)
+
+    @classmethod
+    def new(
+        cls,
+        staleness: Staleness,
+        *,
+        max_steps: int = 0,
+        routing_shape: RoutingShape | None = None,
+    ) -> RunState:
+        """The state of a run that has done nothing yet."""
+        return cls(staleness, Shipping(max_steps), dispatch=Dispatch(routing_shape=routing_shape))
+
+    def notify(self) -> None:
+        self.changes.notify()
+
+    async def wait_changed(self) -> None:
+        await self.changes.wait_changed()
+
+    def changed(self) -> trio.Event:
+        return self.changes.changed()
+
+    # -- what follows from the parts and the staleness rule -------------------------------
+
+    def may_ship(self, step: int) -> bool:
+        """The `max_async_steps` gate for batch `step`, at the applied version."""
+        return self.staleness.may_ship(step, self.versions.applied)
+
+    @property
+    def oldest_fresh_version(self) -> int:
+        """The oldest group start version the batch being filled may still take."""
+        return self.staleness.min_fresh_version(self.shipping.next_step)
+
+    @property
+    def collecting_below(self) -> int:
+        """The bound of the collection that follows applying the applied version: versions
+        below it are deleted, or about to be (`versions.collected_below` once it ends)."""
+        return self.staleness.collection_bound(self.versions.applied)

@@ -26,7 +26,7 @@ from orchestrator.wire import HEALTH_PATH, InferenceFailure
 if TYPE_CHECKING:
     from orchestrator.handoff import StepLayout
 
-log = structlog.get_logger("orchestrator.servers")
+log = structlog.get_logger(__name__)
 
 
 class InferenceUnavailable(Exception):
@@ -116,7 +116,7 @@ async def serve_health_prober(
             with trio.move_on_after(settings.request_timeout_s):
                 if not await probe_health(client, url):
                     continue
-                version = state.applied_version
+                version = state.versions.applied
                 if version > 0:
                     try:
                         weight_dir = weights_step_dir(
@@ -127,7 +127,7 @@ async def serve_health_prober(
                         log.warning("recovering server refused weights", url=url, error=str(exc))
                         continue
                 # A policy update that ran meanwhile skipped this server: try again.
-                if state.applied_version == version:
+                if state.versions.applied == version:
                     pool.mark_up(url)
         down_for = pool.all_down_for()
         if down_for is not None and down_for > settings.unavailable_deadline_s:

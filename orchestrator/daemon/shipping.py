@@ -1,64 +1,49 @@
-"""The one place that chooses how a step is shipped: `[trainer] format`.
+"""How the daemon ships a step: in the hand-off format it was given (`run_daemon`'s
+`handoff`, the registry's format for `[trainer] format`).
 
-"native" publishes `<batches_dir>/step_000007/batch.bin` (`publish_batch`); "prime-rl"
-publishes prime-rl's `<rollouts_dir>/step_7/rank_R.bin` per data rank
-(`publish_primerl_step`), reading the routed experts in the worker thread that writes
-them. Either runs in a worker thread; the daemon only sees a `Shipment`.
+The format writes the step from the samples, in a worker thread: "native"
+`<batches_dir>/step_000007/batch.bin`, "prime-rl" prime-rl's `<rollouts_dir>/step_7/rank_R.bin`
+per data rank (reading the routed experts in that thread). The daemon only sees a
+`Shipment`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from pathlib import Path
 
-import attrs
+import trio
 
 from orchestrator.config import Config
 from orchestrator.core.rollouts import TrainSample
-from orchestrator.handoff import DroppedSample, publish_batch_async
-from orchestrator.handoff.formats import shipped_steps_in
-from orchestrator.handoff.primerl.store import NothingToShip, publish_primerl_step_async
+from orchestrator.handoff import (
+    HandoffFormat,
+    HandoffSettings,
+    NothingToShip,
+    Shipment,
+    handoff_format,
+)
 
 __all__ = ["NothingToShip", "Shipment", "ship_step", "shipped_steps_of"]
 
 
-@attrs.frozen
-class Shipment:
-    """A shipped step: its directory, the samples in it, those left out for an unreadable
-    payload (prime-rl only: the native trainer reads payloads itself), and the micro
-    batches per data rank (prime-rl only)."""
+async def ship_step(
+    handoff: HandoffFormat,
+    settings: HandoffSettings,
+    step: int,
+    samples: Sequence[TrainSample],
+) -> Shipment:
+    """Ship step `step` of `samples` in `handoff`'s format, in a worker thread.
 
-    path: Path
-    samples: int
-    dropped: tuple[DroppedSample, ...] = ()
-    micro_batches: int | None = None
-
-
-async def ship_step(config: Config, step: int, samples: Sequence[TrainSample]) -> Shipment:
-    """Ship step `step` of `samples` in the config's format, in a worker thread.
-
-    Raises `BatchExists` when the step was shipped already, `NothingToShip` (prime-rl)
-    when no sample's payload could be read (nothing written), OSError when writing fails.
+    Raises `BatchExists` when the step was shipped already, `NothingToShip` when the
+    format dropped every sample (no payload could be read; nothing written), OSError
+    when writing fails.
     """
-    if config.trainer.format == "prime-rl":
-        shipped = await publish_primerl_step_async(
-            config.batches_dir,
-            step,
-            samples,
-            data_world_size=config.trainer.data_world_size,
-            seq_len=config.train_seq_len,
-            env_name=config.env.name,
-        )
-        return Shipment(shipped.path, shipped.samples, shipped.dropped, shipped.micro_batches)
-    path = await publish_batch_async(config.batches_dir, step, samples)
-    return Shipment(path, len(samples))
+    ship = functools.partial(handoff.ship, settings, step, samples)
+    return await trio.to_thread.run_sync(ship)
 
 
 def shipped_steps_of(config: Config) -> list[int]:
     """The steps shipped in the config's batches directory and format, sorted. Blocking.
     Raises OSError when the directory exists but cannot be listed."""
-    return shipped_steps_in(
-        config.batches_dir,
-        batch_format=config.trainer.format,
-        data_world_size=config.trainer.data_world_size,
-    )
+    return handoff_format(config.trainer.format).shipped_steps(config.handoff_settings)

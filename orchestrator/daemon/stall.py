@@ -28,9 +28,10 @@ import structlog
 import trio
 
 from orchestrator.daemon.rejections import top_error
+from orchestrator.daemon.run_snapshot import RunSnapshot, grown
 from orchestrator.handoff.progress import TopError
 
-log = structlog.get_logger("orchestrator")
+log = structlog.get_logger(__name__)
 
 #: What a discard reason usually means when it takes every sample, for the warning.
 DISCARD_HINTS = {
@@ -42,21 +43,6 @@ DISCARD_HINTS = {
     "curriculum": "groups whose mean reward is outside env.curriculum_*",
     "pruned": "surplus samples of a batch",
 }
-
-
-@attrs.frozen
-class Figures:
-    """What the watch reads of the run at one moment (counts are totals of this run)."""
-
-    step: int  # the batch being filled
-    queued: int  # samples in the sink's queue
-    needed: int  # samples a batch needs
-    gate_open: bool  # whether batch `step` may ship as far as the trainer is concerned
-    applied_version: int
-    idle: bool  # nothing left to ship (max_steps reached, or stopping): never a stall
-    discards: Mapping[str, int] = attrs.field(factory=dict)
-    failures: Mapping[str, int] = attrs.field(factory=dict)
-    texts: Mapping[tuple[str, str], int] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -118,11 +104,6 @@ def most_discarded(discards: Mapping[str, int]) -> tuple[str, int] | None:
     return best if best is not None and best[1] > 0 else None
 
 
-def _grown(now: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
-    """Each key's growth from `before` to `now`, keys that grew only."""
-    return {key: n - before.get(key, 0) for key, n in now.items() if n > before.get(key, 0)}
-
-
 @attrs.define
 class StallWatch:
     """Whether no batch has shipped for `stall_s` seconds, and what to say about it.
@@ -135,32 +116,32 @@ class StallWatch:
     stall_s: float
     started_at: float
     shipped_at: float | None = None
-    _baseline: Figures | None = None
+    _baseline: RunSnapshot | None = None
     _warned_at: float | None = None
 
     @property
     def quiet_since(self) -> float:
         return self.started_at if self.shipped_at is None else self.shipped_at
 
-    def shipped(self, now: float, figures: Figures) -> None:
-        """A batch shipped at `now`; `figures` are the counts right after it."""
+    def shipped(self, now: float, snapshot: RunSnapshot) -> None:
+        """A batch shipped at `now`; `snapshot` are the counts right after it."""
         self.shipped_at = now
-        self._baseline = figures
+        self._baseline = snapshot
         self._warned_at = None
 
-    def recent(self, figures: Figures) -> Recent:
-        """The counts of `figures` since the last shipped batch (since the start if none)."""
-        base = self._baseline or Figures(0, 0, 0, True, 0, False)
+    def recent(self, snapshot: RunSnapshot) -> Recent:
+        """The counts of `snapshot` since the last shipped batch (since the start if none)."""
+        base = self._baseline or RunSnapshot(0, 0, 0, True, 0, False)
         return Recent(
-            _grown(figures.discards, base.discards),
-            _grown(figures.failures, base.failures),
-            top_error(figures.texts, base.texts),
+            grown(snapshot.discards, base.discards),
+            grown(snapshot.failures, base.failures),
+            top_error(snapshot.texts, base.texts),
         )
 
-    def check(self, now: float, figures: Figures) -> StallReport | None:
+    def check(self, now: float, snapshot: RunSnapshot) -> StallReport | None:
         """The warning due at `now`, or None (not quiet long enough, warned too recently,
         nothing left to ship, or the watch is off)."""
-        if self.stall_s <= 0 or figures.idle:
+        if self.stall_s <= 0 or snapshot.idle:
             return None
         quiet = now - self.quiet_since
         if quiet < self.stall_s:
@@ -171,12 +152,12 @@ class StallWatch:
         return StallReport(
             quiet_s=quiet,
             shipped_before=self.shipped_at is not None,
-            step=figures.step,
-            queued=figures.queued,
-            needed=figures.needed,
-            gate_open=figures.gate_open,
-            applied_version=figures.applied_version,
-            recent=self.recent(figures),
+            step=snapshot.step,
+            queued=snapshot.queued,
+            needed=snapshot.needed,
+            gate_open=snapshot.gate_open,
+            applied_version=snapshot.applied_version,
+            recent=self.recent(snapshot),
         )
 
     def next_check(self, now: float) -> float:
@@ -190,18 +171,18 @@ class StallWatch:
 
 async def serve_stall_watch(
     watch: StallWatch,
-    figures: Callable[[], Figures],
+    snapshot: Callable[[], RunSnapshot],
     on_warning: Callable[[], Awaitable[None]],
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Warn (`no batch shipped`) whenever `watch` says so, reading `figures()` then;
+    """Warn (`no batch shipped`) whenever `watch` says so, reading `snapshot()` then;
     after each warning, `on_warning()` (the daemon saves its progress, so `orchestrator
     status` shows the same). Runs until cancelled; with the watch off, sleeps."""
     task_status.started()
     while True:
         await trio.sleep_until(watch.next_check(trio.current_time()))
-        report = watch.check(trio.current_time(), figures())
+        report = watch.check(trio.current_time(), snapshot())
         if report is not None:
             log.warning("no batch shipped", **report.log_fields())
             await on_warning()

@@ -13,15 +13,14 @@ from payload_gc import PayloadGCError, wipe_root_async
 
 from orchestrator.errors import UserError
 from orchestrator.handoff import (
-    LEGACY_BATCH_FILE,
+    BatchFormat,
+    HandoffSettings,
     StepLayout,
+    handoff_format,
     load_progress,
+    newest_published_version,
     remove_partial_batches,
 )
-from orchestrator.handoff.formats import BatchFormat, shipped_steps_in
-from orchestrator.handoff.primerl.store import MANIFEST_FILE, unfinished_primerl_steps
-from orchestrator.handoff.step_dirs import complete_steps
-from orchestrator.handoff.weights import newest_published_version
 
 log = structlog.get_logger("orchestrator.startup")
 
@@ -42,55 +41,27 @@ def find_start_point(
     data_world_size: int = 1,
 ) -> StartPoint:
     """Fresh when no batch was shipped and no progress was saved; otherwise resume after the
-    last complete batch directory in `batch_format` (the source of truth for "shipped";
-    for "prime-rl", a `step_N` holding the manifest and `data_world_size` rank files).
-    Blocking.
+    last complete step directory in `batch_format` (the source of truth for "shipped", as
+    the format says: for "prime-rl", a `step_N` holding the manifest and
+    `data_world_size` rank files). Blocking.
 
-    Leftover temp directories of a batch cut short by a crash are removed first. Raises
-    UserError when `batches_dir` holds batches of the old JSON format 1, which this
-    version neither writes nor reads (it cannot resume such a run), or (prime-rl) step
-    directories this daemon did not write in full for `data_world_size` ranks: another
-    orchestrator's steps, or steps shipped for another number of ranks.
+    Leftover temp directories of a step cut short by a crash are removed first. Raises
+    UserError when the format refuses to resume over what `batches_dir` holds (its
+    `refuse_resume`: for "native", batches of the old JSON format 1, which this version
+    neither writes nor reads; for "prime-rl", step directories this daemon did not write
+    in full for `data_world_size` ranks), `UnknownFormat` for a format not registered.
     """
+    handoff = handoff_format(batch_format)
+    settings = HandoffSettings(batches_dir, data_world_size=data_world_size)
     removed = remove_partial_batches(batches_dir) if batches_dir.exists() else 0
     if removed:
         log.warning("removed partial batches", count=removed, batches_dir=str(batches_dir))
-    if batch_format == "native":
-        _refuse_legacy_batches(batches_dir)
-    else:
-        _refuse_foreign_primerl_steps(batches_dir, data_world_size)
-    steps = (
-        shipped_steps_in(batches_dir, batch_format=batch_format, data_world_size=data_world_size)
-        if batches_dir.exists()
-        else []
-    )
+    handoff.refuse_resume(settings)
+    steps = handoff.shipped_steps(settings) if batches_dir.exists() else []
     progress = load_progress(state_dir)
     if not steps and progress is None:
         return StartPoint(0, resumed=False)
     return StartPoint(steps[-1] if steps else 0, resumed=True)
-
-
-def _refuse_legacy_batches(batches_dir: Path) -> None:
-    legacy = complete_steps(batches_dir, LEGACY_BATCH_FILE)
-    if legacy:
-        raise UserError(
-            f"{batches_dir} holds batches of the old JSON format 1 (step {legacy[-1]}: "
-            f"{LEGACY_BATCH_FILE}); this version ships format 2 (batch.bin) and cannot "
-            "resume that run: start a new run directory"
-        )
-
-
-def _refuse_foreign_primerl_steps(rollouts_dir: Path, data_world_size: int) -> None:
-    unfinished = unfinished_primerl_steps(rollouts_dir, data_world_size)
-    if unfinished:
-        step = unfinished[0]
-        raise UserError(
-            f"{rollouts_dir}/step_{step} is not a step this daemon shipped for "
-            f"trainer.data_world_size = {data_world_size} (it lacks {MANIFEST_FILE} or a "
-            f"rank_R.bin; {len(unfinished)} such step(s)): written by another orchestrator, "
-            "or for another number of data ranks; point trainer.batches_dir at a fresh "
-            "rollouts directory (or remove them)"
-        )
 
 
 async def wipe_payload_root(root: Path) -> None:

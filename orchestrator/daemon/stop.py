@@ -1,8 +1,8 @@
 """Stopping a daemon from outside: the first request stops it gracefully, a second at once.
 
 `orchestrator run` turns SIGINT and SIGTERM into `Stop.request`; `run_daemon(stop=...)`
-acts on it, and the caller runs it inside `Stop.scope`, whose cancellation ends the run
-(`run_daemon` then returns nothing: its state and sink are on the `Stop` for the summary):
+runs inside `Stop.scope`, whose cancellation ends the run, and returns its outcome marked
+`stopped`:
 
 - during start-up (before dispatching began) the start-up is cancelled at once: there is
   nothing in flight to finish;
@@ -20,17 +20,12 @@ and renamed into place, and a worker thread that is writing one finishes it firs
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import attrs
 import structlog
 import trio
 
-if TYPE_CHECKING:
-    from orchestrator.core.sink import TrainSink
-    from orchestrator.daemon.run_state import RunState
-
-log = structlog.get_logger("orchestrator")
+log = structlog.get_logger(__name__)
 
 
 @attrs.define(eq=False)
@@ -47,11 +42,6 @@ class Stop:
     forced_by: str | None = None
     # Set by `run_daemon` once dispatching has begun: a stop then lets work in flight end.
     graceful: bool = False
-    # Set by `run_daemon` once it knows where the run starts: what the summary of a
-    # stopped run is made of (`run_daemon` returns nothing when stopped).
-    state: RunState | None = None
-    sink: TrainSink | None = None
-    first_step: int = 1
     _deadline: float = math.inf
     _grace_scopes: list[trio.CancelScope] = attrs.field(factory=list)
 
@@ -71,10 +61,6 @@ class Stop:
             for scope in self._grace_scopes:
                 scope.cancel()
             self.scope.cancel()
-
-    def watch(self, state: RunState, sink: TrainSink, *, first_step: int) -> None:
-        """Called by `run_daemon`: what a stopped run did is in `state` and `sink`."""
-        self.state, self.sink, self.first_step = state, sink, first_step
 
     def grace(self) -> trio.CancelScope:
         """A scope for one graceful part of the stop: it ends at the grace deadline (counted

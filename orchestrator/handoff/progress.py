@@ -101,7 +101,8 @@ class Progress:
     common error text) count since the last shipped batch, or since the start.
     `needed_samples` is what a batch takes (0: not recorded); `last_report` the figures
     of the daemon's last `progress` log line and `last_report_at` when it was logged
-    (None: no line yet, or `[progress] report_interval_s = 0`). Files written before
+    (None: no line yet, or `[progress] report_interval_s = 0`); `prompts_drawn` the
+    prompts drawn from the environment so far. Files written before
     these keys existed read with their defaults.
     """
 
@@ -123,6 +124,8 @@ class Progress:
     needed_samples: int = 0
     last_report: ProgressLine | None = None
     last_report_at: float | None = None
+    # Prompts the run has drawn from its environment: a resumed run goes on with the next.
+    prompts_drawn: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -158,6 +161,7 @@ def load_progress(state_dir: Path) -> Progress | None:
             needed_samples=int(raw.get("needed_samples", 0)),
             last_report=_last_report(raw.get("last_report")),
             last_report_at=_optional_float(raw.get("last_report_at")),
+            prompts_drawn=int(raw.get("prompts_drawn", 0)),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -1,4 +1,7 @@
-"""Waiting for a batch to be shipped: filesystem events, with polling as the safety net."""
+"""Waiting for a step to be shipped: filesystem events, with polling as the safety net.
+
+`wait_for_step_dir` waits for a step of any format (`HandoffFormat.is_step_shipped`);
+`wait_for_batch` for a native batch."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from pathlib import Path
 import trio
 import watchfiles
 
-from orchestrator.handoff.store import batch_step_dir, is_complete_batch
+from orchestrator.handoff.native.store import batch_step_dir, is_complete_batch
 
 _MAX_WAKE_MS = 500
 

@@ -13,6 +13,9 @@ from ._errors import PayloadError as PayloadError
 from ._errors import PayloadMissing as PayloadMissing
 from ._inline import decode_inline as decode_inline
 from ._inline import encode_inline as encode_inline
+from ._json import check_json_types as check_json_types
+from ._json import is_json_int as is_json_int
+from ._json import segment_object as segment_object
 from ._model_shape import RoutingShape as RoutingShape
 from ._overlap import overlap_problem as overlap_problem
 from ._overlap import overlap_rows as overlap_rows
@@ -23,7 +26,6 @@ from ._routing import compact_routed_experts as compact_routed_experts
 from ._segment import FIELD_NDIM as FIELD_NDIM
 from ._segment import FIELDS as FIELDS
 from ._segment import PayloadSegment as PayloadSegment
-from ._segment import is_json_int as is_json_int
 from ._stitch import SENTINEL as SENTINEL
 from ._stitch import Clip as Clip
 from ._stitch import FinalTokenRoute as FinalTokenRoute
@@ -36,6 +38,7 @@ from ._stitch import stitch_masks as stitch_masks
 from ._stitch import stitch_routing as stitch_routing
 from ._validate import check_segment as check_segment
 from ._validate import check_segment_files as check_segment_files
+from ._validate import check_segment_layout as check_segment_layout
 from ._validate import check_within as check_within
 from ._validate import open_version_dir as open_version_dir
 from ._validate import regular_file_size as regular_file_size
@@ -58,8 +61,10 @@ __all__ = [
     "PayloadMissing",
     "PayloadSegment",
     "RoutingShape",
+    "check_json_types",
     "check_segment",
     "check_segment_files",
+    "check_segment_layout",
     "check_within",
     "clip_segment",
     "compact_routed_experts",
@@ -76,6 +81,7 @@ __all__ = [
     "read_sample_payload",
     "read_segment",
     "regular_file_size",
+    "segment_object",
     "sentinel_dtype",
     "stitch_inline_masks",
     "stitch_inline_routing",

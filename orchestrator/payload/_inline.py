@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from ._errors import BadSegment
-from ._segment import FIELD_NDIM, FIELDS, is_json_int, stored_bytes, stored_dtype
+from ._json import is_json_int
+from ._segment import FIELD_NDIM, FIELDS, stored_bytes, stored_dtype
 from ._stitch import sentinel_dtype
 
 _KEYS = frozenset({"data", "pos", "shape", "dtype"})

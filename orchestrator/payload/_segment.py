@@ -29,6 +29,7 @@ import attrs
 import numpy as np
 
 from ._errors import BadSegment
+from ._json import check_json_types, is_json_int, segment_object
 
 #: Each payload field and the dtypes its arrays may have. Routed expert ids come as the
 #: server captured them (``uint8`` for at most 256 experts, else ``uint16``; ``int16`` or
@@ -128,27 +129,14 @@ class PayloadSegment:
         Unknown keys are rejected: a segment from a newer writer must not be half-read.
         Raises `BadSegment` with reason ``malformed``, ``field`` or ``dtype``.
         """
-        if not isinstance(obj, dict):
-            raise BadSegment("malformed", "", f"expected a JSON object, got {type(obj).__name__}")
-        file = obj.get("file")
-        name = file if isinstance(file, str) else ""
-        missing = [key for key in _REQUIRED_KEYS if key not in obj]
-        if missing:
-            raise BadSegment("malformed", name, f"missing key(s) {', '.join(missing)}")
-        unknown = sorted(str(key) for key in obj if key not in _REQUIRED_KEYS + _OPTIONAL_KEYS)
-        if unknown:
-            raise BadSegment("malformed", name, f"unknown key(s) {', '.join(unknown)}")
-        for key in ("field", "file", "dtype"):
-            if not isinstance(obj[key], str):
-                raise BadSegment("malformed", name, f"{key} must be a string")
-        if obj.get("digest") is not None and not isinstance(obj["digest"], str):
-            raise BadSegment("malformed", name, "digest must be a string")
-        for key in ("offset", "pos"):
-            if not is_json_int(obj[key]):
-                raise BadSegment("malformed", name, f"{key} must be an integer")
-        for key in _OPTIONAL_KEYS[1:]:
-            if obj.get(key) is not None and not is_json_int(obj[key]):
-                raise BadSegment("malformed", name, f"{key} must be an integer")
+        obj, name = segment_object(obj, required=_REQUIRED_KEYS, optional=_OPTIONAL_KEYS)
+        check_json_types(
+            obj,
+            name,
+            strings=("field", "file", "dtype", "digest"),
+            ints=("offset", "pos", "fill", "digest_offset", "digest_nbytes"),
+            nullable=_OPTIONAL_KEYS,
+        )
         shape = obj["shape"]
         if not isinstance(shape, list) or not shape or not all(is_json_int(d) for d in shape):
             raise BadSegment("malformed", name, "shape must be a non-empty list of integers")
@@ -180,9 +168,3 @@ def stored_bytes(array: np.ndarray) -> memoryview:
     data = np.ascontiguousarray(array, dtype=stored_dtype(array.dtype.name))
     # A flat uint8 view: memoryview.cast refuses shapes with a zero dimension.
     return data.reshape(-1).view(np.uint8).data
-
-
-def is_json_int(value: object) -> bool:
-    """Whether a parsed JSON value is an integer (booleans are not)."""
-    # JSON booleans parse as Python bools, which are ints: never accept them as numbers.
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -60,19 +60,36 @@ def validate_segment(
 def check_segment(segment: PayloadSegment, *, file_size: int | None = None) -> None:
     """Check one segment against docs/design.md §4.
 
-    Checks, without touching the filesystem: the file is a plain name (not empty, no
-    ``/`` or ``\\``, not ``.`` or ``..``, not absolute, no NUL), so its path stays inside
-    the payload directory; the dtype is allowed for the field; the shape has the field's
-    number of dimensions and no negative one; offset and pos are not negative; a digest,
-    when there is one, is 32 hex digits and its byte range contains the segment's bytes.
-    When `file_size` is given, the bytes (and the digested range) must end within it.
-
-    A fill segment (``routed_experts`` only) has no file: only field, dtype and shape are
-    checked. A row may hold at most
-    `MAX_ROW_ELEMENTS` elements.
+    Checks, without touching the filesystem, what `check_segment_layout` checks, and that
+    the file is a plain name (not empty, no ``/`` or ``\\``, not ``.`` or ``..``, not
+    absolute, no NUL), so its path stays inside the payload directory. When `file_size`
+    is given, the bytes (and the digested range) must end within it.
 
     Raises `BadSegment` (reasons ``field``, ``dtype``, ``shape``, ``not_plain_name``,
     ``traversal``, ``out_of_range``, ``digest``, ``malformed``).
+    """
+    check_segment_layout(segment)
+    if segment.is_fill:
+        return
+    _check_plain_name(segment.file)
+    if file_size is not None:
+        check_within(segment, file_size)
+
+
+def check_segment_layout(segment: PayloadSegment) -> None:
+    """Check everything about one segment but its file's name, without touching the
+    filesystem: what its bytes are and where they lie.
+
+    The dtype is allowed for the field; the shape has the field's number of dimensions,
+    no row dimension below one and at most `MAX_ROW_ELEMENTS` elements in a row; offset,
+    pos and the row count are not negative; a digest, when there is one, is 32 lowercase
+    hex digits and its byte range contains the segment's bytes. A fill segment
+    (``routed_experts`` only) has no file, offset or digest. `segment.file` is only shown
+    in errors, so a caller that reads a file's name in another form (a server's absolute
+    path, ``orchestrator.wire.segments``) checks that form itself.
+
+    Raises `BadSegment` (reasons ``field``, ``dtype``, ``shape``, ``out_of_range``,
+    ``digest``, ``malformed``).
     """
     name = segment.file
     allowed = FIELDS.get(segment.field)
@@ -83,7 +100,7 @@ def check_segment(segment: PayloadSegment, *, file_size: int | None = None) -> N
             "dtype", name, f"dtype {segment.dtype!r} not allowed for field {segment.field!r}"
         )
     ndim = FIELD_NDIM[segment.field]
-    if len(segment.shape) != ndim or any(d < 0 for d in segment.shape):
+    if len(segment.shape) != ndim or any(d < 0 for d in segment.shape[1:]):
         raise BadSegment(
             "shape",
             name,
@@ -96,6 +113,9 @@ def check_segment(segment: PayloadSegment, *, file_size: int | None = None) -> N
         raise BadSegment(
             "shape", name, f"rows of {math.prod(segment.shape[1:])} elements are implausible"
         )
+    for key, value in (("offset", segment.offset), ("pos", segment.pos), ("rows", segment.rows)):
+        if value < 0:
+            raise BadSegment("out_of_range", name, f"negative {key} {value}")
     if segment.is_fill:
         if segment.field != "routed_experts":
             raise BadSegment("malformed", name, "only routed_experts has fill segments")
@@ -106,15 +126,11 @@ def check_segment(segment: PayloadSegment, *, file_size: int | None = None) -> N
             or segment.digest_offset is not None
         ):
             raise BadSegment("malformed", name, "a fill segment has no file, offset or digest")
-        if segment.pos < 0:
-            raise BadSegment("out_of_range", name, f"negative pos {segment.pos}")
         return
-    _check_plain_name(name)
-    if segment.offset < 0 or segment.pos < 0:
-        raise BadSegment(
-            "out_of_range", name, f"negative offset {segment.offset} or pos {segment.pos}"
-        )
-    if segment.digest is not None and not is_digest_hex(segment.digest):
+    # isinstance too: a server's JSON may hold anything where the digest goes.
+    if segment.digest is not None and not (
+        isinstance(segment.digest, str) and is_digest_hex(segment.digest)
+    ):
         raise BadSegment("digest", name, "digest must be 32 lowercase hex digits")
     if (segment.digest_offset is None) != (segment.digest_nbytes is None):
         raise BadSegment("malformed", name, "digest_offset and digest_nbytes go together")
@@ -128,8 +144,6 @@ def check_segment(segment: PayloadSegment, *, file_size: int | None = None) -> N
         raise BadSegment(
             "out_of_range", name, "the digested byte range does not contain the segment"
         )
-    if file_size is not None:
-        check_within(segment, file_size)
 
 
 def check_within(segment: PayloadSegment, file_size: int) -> None:

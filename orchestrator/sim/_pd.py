@@ -23,16 +23,10 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from orchestrator.wire.arrays import (
-    ROUTING_DTYPES,
-    WireFormatError,
-    decode_npy,
-    decode_packed_routing,
-    encode_npy,
-    encode_packed,
-)
+from orchestrator.wire.arrays import WireFormatError
 
 from ._wire import BadRequest
+from .reply_forms import routing_form
 
 __all__ = [
     "KV_BLOCK_TOKENS",
@@ -209,24 +203,17 @@ def _segments(choice: Mapping[str, Any]) -> list[Any]:
 
 
 def _merge_routing(ours: object, theirs: object) -> object:
-    """One decode choice's inline routing merged with the prefill's (either form)."""
+    """One decode choice's inline routing merged with the prefill's, in the reply form
+    both are in (orchestrator.sim.reply_forms)."""
+    form, other = routing_form(ours), routing_form(theirs)
+    if form is None or other is None or form is not other:
+        raise PDMergeError("prefill and decode routed_experts are in different forms")
     try:
-        if isinstance(ours, str) and isinstance(theirs, str):
-            # Upstream's .npy form, merged as the router's .npy versions did.
-            prompt = decode_npy(ours, "prefill routed_experts", dtypes=ROUTING_DTYPES, ndim=3)
-            whole = decode_npy(theirs, "decode routed_experts", dtypes=ROUTING_DTYPES, ndim=3)
-            return encode_npy(_concat(prompt, whole))
-        if isinstance(ours, dict) and isinstance(theirs, dict):
-            prompt, start = decode_packed_routing(
-                ours, "prefill routed_experts", dtypes=ROUTING_DTYPES, ndim=3
-            )
-            whole, _ = decode_packed_routing(
-                theirs, "decode routed_experts", dtypes=ROUTING_DTYPES, ndim=3
-            )
-            return encode_packed(_concat(prompt, whole), start=start)
+        prompt, start = form.decode_routing(ours, "prefill routed_experts")
+        whole, _ = form.decode_routing(theirs, "decode routed_experts")
     except WireFormatError as exc:
         raise PDMergeError(str(exc)) from None
-    raise PDMergeError("prefill and decode routed_experts are in different forms")
+    return form.encode_routing(_concat(prompt, whole), start)
 
 
 def _concat(prompt: np.ndarray, whole: np.ndarray) -> np.ndarray:

@@ -1,16 +1,36 @@
-"""The embedded fleet of a run: the local servers' and trainer's settings from its config.
+"""The embedded fleet of a run: the local servers and trainer its config asks for.
 
-`orchestrator run` starts `[sim] inference_servers` servers and, with `[sim] trainer =
-true`, the local trainer in its own nursery; tests that run them as separate processes
-use the `sim-inference` and `sim-trainer` commands, which build the same settings.
+`orchestrator run` starts `serve_local_fleet` beside the daemon: `[sim] inference_servers`
+servers and, with `[sim] trainer = true`, the local trainer; the daemon is given the
+servers' URLs. Tests that run them as separate processes use the `sim-inference` and
+`sim-trainer` commands, which build the same settings.
 """
 
 from __future__ import annotations
 
+import trio
+
 from orchestrator.config import Config
 from orchestrator.sim import FaultRates, SimInferenceConfig, SimModel
-from orchestrator.sim.inference import DEFAULT_SERVED_MODEL_NAME
-from orchestrator.sim.trainer import SimTrainerConfig
+from orchestrator.sim.inference import DEFAULT_SERVED_MODEL_NAME, serve_inference
+from orchestrator.sim.trainer import SimTrainerConfig, serve_trainer
+
+
+async def serve_local_fleet(
+    config: Config, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run the servers and the trainer `config`'s `[sim]` section asks for until
+    cancelled; reports the servers' URLs (none when it asks for no server) once all of
+    them listen."""
+    async with trio.open_nursery() as nursery:
+        urls = [
+            str(await nursery.start(serve_inference, sim_inference_config(config, index)))
+            for index in range(config.sim.inference_servers)
+        ]
+        if config.sim.trainer:
+            await nursery.start(serve_trainer, sim_trainer_config(config))
+        task_status.started(urls)
+        await trio.sleep_forever()
 
 
 def sim_model(config: Config) -> SimModel:

@@ -1,10 +1,11 @@
 """One simulated inference server: vLLM's tokens-in/tokens-out API over the deterministic model.
 
-`serve_inference` runs a hypercorn server on trio until cancelled:
+`serve_inference` runs a hypercorn server on trio until cancelled
+(`orchestrator.asgi_server.serve_asgi`):
 
 - `POST /inference/v1/generate`: vLLM's `GenerateRequest` (orchestrator.sim._wire),
-  answered in the form of the server family `reply_form` names (orchestrator.sim.
-  _response): prime-rl's extension (packed arrays inline, or with
+  answered in the reply form `reply_form` names (orchestrator.sim.reply_forms):
+  prime-rl's extension (packed arrays inline, or with
   `sampling_params.extra_args.payload_dir` one file per choice written there, closed
   before replying, and segments naming it) or upstream vLLM (`.npy` routing and mask
   lists inline; `payload_dir` is ignored, as upstream ignores it). Whether routing and
@@ -18,8 +19,8 @@ answers only requests a P/D router prepared and announces the prompt's KV blocks
 `kv_transfer_params`; a decode server needs those blocks and runs forward from the
 prompt's last token only, so its routing rows start there (padded with zero rows up to
 `routed_experts_prompt_start` inline, as prime-rl pads them for the router).
-`disaggregated = true` serves a whole P/D deployment instead: a router in front of a
-prefill and a decode server (orchestrator.sim.pd_router).
+`disaggregated = true` serves a whole P/D deployment instead (`serve_pd_deployment`): a
+router (orchestrator.sim.pd_router) in front of a prefill and a decode server.
 
 Errors take vLLM's `ErrorResponse` shape. Latency and faults are configurable, and faults
 are drawn from a seeded generator, so a test or a demo can reproduce a flaky fleet.
@@ -29,19 +30,18 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import math
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any
 
 import attrs
 import numpy as np
-import numpy.typing as npt
 import structlog
 import trio
 
+from orchestrator.asgi_server import serve_asgi
 from orchestrator.payload import write_payload
 from orchestrator.wire.segments import segment_to_wire
 
@@ -53,10 +53,9 @@ from ._asgi import (
     send_json,
     wait_for_disconnect,
 )
-from ._faults import Fault, FaultRates, draw_fault
+from ._faults import Fault, draw_fault
 from ._model import Generation, SimModel, generate, prefix_hashes
 from ._pd import (
-    SIM_ROLES,
     SimRole,
     check_decode_request,
     check_prefill_request,
@@ -64,113 +63,21 @@ from ._pd import (
     pad_rows,
     prefill_kv_transfer_params,
 )
-from ._response import (
-    corrupt_segment,
-    error_body,
-    narrow_routing,
-    primerl_choice,
-    render_response,
-    upstream_choice,
-)
+from ._response import corrupt_segment, error_body, render_response
 from ._routes import request_body, route_request, send_error
+from ._server_config import DEFAULT_SERVED_MODEL_NAME, SimInferenceConfig
 from ._wire import GenerateRequest, RequestRefused, parse_generate_request, parse_weight_update
+from .pd_router import PDRouterConfig, serve_pd_router
+from .reply_forms import REPLY_FORMS, ByHandleForm, ReplyForm, RoutingIds
 
 __all__ = [
     "DEFAULT_SERVED_MODEL_NAME",
-    "REPLY_FORMS",
-    "ReplyForm",
     "SimInferenceConfig",
     "serve_inference",
+    "serve_pd_deployment",
 ]
 
 log = structlog.get_logger("orchestrator.sim.inference")
-
-#: The reply forms a server can answer in: prime-rl's vLLM extension, or vLLM as released.
-ReplyForm = Literal["prime-rl", "upstream"]
-REPLY_FORMS: tuple[ReplyForm, ...] = ("prime-rl", "upstream")
-#: The model name a server answers to unless told otherwise.
-DEFAULT_SERVED_MODEL_NAME = "sim-moe"
-
-
-def _non_negative(_: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if value < 0:
-        raise ValueError(f"{attribute.name} must not be negative, got {value}")
-
-
-def _reply_form(_: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if value not in REPLY_FORMS:
-        raise ValueError(f"{attribute.name} must be one of {', '.join(REPLY_FORMS)}, got {value!r}")
-
-
-def _role(_: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if value not in SIM_ROLES:
-        raise ValueError(f"{attribute.name} must be one of {', '.join(SIM_ROLES)}, got {value!r}")
-
-
-def _model_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if not value:
-        raise ValueError(f"{attribute.name} must not be empty")
-
-
-@attrs.frozen
-class SimInferenceConfig:
-    """Everything one simulated server needs; the defaults are a quiet, fast server.
-
-    - `model`: the simulated model's shape (48 layers, top-8 of 128 experts by default).
-    - `served_model_name`: the name a request's `model` must match (else 404, as vLLM).
-    - `host`, `port`: where to listen; port 0 picks a free port (reported on start).
-    - `reply_form`: "prime-rl" (packed inline, or by handle) or "upstream" (vLLM's own
-      form, always inline).
-    - `capture_routed_experts`, `capture_sampling_mask`: whether replies carry routing and
-      masks (vLLM's `enable_return_routed_experts` and its like: server settings).
-    - `payload_digests`: by handle, add each segment's `digest` (this project's extension).
-    - `time_per_token_s`, `request_overhead_s`: the latency model, slept per request:
-      overhead + time per token x the longest choice (choices decode in parallel).
-    - `max_num_seqs`: requests generated at once (vLLM's engine setting of that name);
-      the rest wait their turn, so past it turnaround grows with the requests sent.
-      0: no bound.
-    - `weight_update_s`: how long `/update_weights` takes.
-    - `faults`, `fault_seed`: fault rates and the seed of the generator they are drawn from.
-    - `fsync`: fsync each payload file before closing it.
-    - `max_model_len`: longest prompt + max_tokens accepted; an absent `max_tokens` is
-      what the prompt leaves of it.
-    - `worker_threads`: bound on concurrent model computations and on concurrent writes.
-    - `role`: "aggregated" (a whole server), or one side of disaggregated prefill/decode,
-      "prefill" or "decode" (see the module docstring).
-    - `disaggregated`: serve a P/D deployment on `host:port` (a router in front of a
-      prefill and a decode server, each with this config's other settings; their faults
-      drawn from seeds `2 * fault_seed` and `2 * fault_seed + 1`).
-
-    Raises `ValueError` from the constructor when a field is out of range.
-    """
-
-    model: SimModel = attrs.field(factory=SimModel)
-    served_model_name: str = attrs.field(default=DEFAULT_SERVED_MODEL_NAME, validator=_model_name)
-    host: str = "127.0.0.1"
-    port: int = attrs.field(
-        default=0, validator=[attrs.validators.ge(0), attrs.validators.le(65535)]
-    )
-    reply_form: ReplyForm = attrs.field(default="prime-rl", validator=_reply_form)
-    capture_routed_experts: bool = True
-    capture_sampling_mask: bool = True
-    payload_digests: bool = False
-    time_per_token_s: float = attrs.field(default=0.0, validator=_non_negative)
-    request_overhead_s: float = attrs.field(default=0.0, validator=_non_negative)
-    weight_update_s: float = attrs.field(default=0.0, validator=_non_negative)
-    faults: FaultRates = attrs.field(factory=FaultRates)
-    fault_seed: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    fsync: bool = False
-    max_model_len: int = attrs.field(default=65536, validator=attrs.validators.ge(2))
-    worker_threads: int = attrs.field(default=4, validator=attrs.validators.ge(1))
-    role: SimRole = attrs.field(default="aggregated", validator=_role)
-    disaggregated: bool = False
-    max_num_seqs: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-
-    def __attrs_post_init__(self) -> None:
-        if self.disaggregated and self.role != "aggregated":
-            raise ValueError(
-                f"role {self.role!r} is one side of a P/D deployment; disaggregated serves both"
-            )
 
 
 @attrs.define
@@ -178,6 +85,7 @@ class _ServerState:
     """What one server remembers between requests (touched only from its event loop)."""
 
     config: SimInferenceConfig
+    form: ReplyForm
     fault_rng: np.random.Generator
     compute_limiter: trio.CapacityLimiter
     write_limiter: trio.CapacityLimiter
@@ -198,6 +106,7 @@ class _ServerState:
     def fresh(cls, config: SimInferenceConfig) -> _ServerState:
         return cls(
             config=config,
+            form=REPLY_FORMS[config.reply_form],
             fault_rng=np.random.default_rng(config.fault_seed),
             compute_limiter=trio.CapacityLimiter(config.worker_threads),
             write_limiter=trio.CapacityLimiter(config.worker_threads),
@@ -236,9 +145,7 @@ def _generate_all(
     ]
 
 
-def _inline_routing(
-    generation: Generation, request: GenerateRequest
-) -> npt.NDArray[np.unsignedinteger] | None:
+def _inline_routing(generation: Generation, request: GenerateRequest) -> RoutingIds | None:
     """The rows a choice carries inline: from the requested start (a decode server's
     padded with zero rows up to it)."""
     if generation.routed_experts is None:
@@ -247,31 +154,19 @@ def _inline_routing(
 
 
 def _inline_choices(
-    config: SimInferenceConfig, request: GenerateRequest, generations: list[Generation]
+    form: ReplyForm, mask_on: bool, request: GenerateRequest, generations: list[Generation]
 ) -> list[dict[str, Any]]:
     """Every choice of an inline reply (base64 of whole arrays: runs in a worker thread)."""
-    mask_on = config.capture_sampling_mask
-    rows = [_inline_routing(g, request) for g in generations]
-    if config.reply_form == "upstream":
-        return [
-            upstream_choice(
-                index,
-                g.completion,
-                logprobs=request.logprobs,
-                routing=routing,
-                mask=g.completion.sampling_mask if mask_on else None,
-            )
-            for index, (g, routing) in enumerate(zip(generations, rows, strict=True))
-        ]
     return [
-        primerl_choice(
+        form.inline_choice(
             index,
             g.completion,
             logprobs=request.logprobs,
-            routing=(None if routing is None else (narrow_routing(routing), request.routing_start)),
+            routing=_inline_routing(g, request),
+            routing_start=request.routing_start,
             mask=g.completion.sampling_mask if mask_on else None,
         )
-        for index, (g, routing) in enumerate(zip(generations, rows, strict=True))
+        for index, g in enumerate(generations)
     ]
 
 
@@ -342,8 +237,9 @@ class _InferenceApp:
             kv_transfer_params = self._check_role(request)
         except RequestRefused as exc:
             return exc.status, _encode(error_body(exc.status, str(exc)))
-        # Upstream vLLM has no by-handle mode: it ignores payload_dir and answers inline.
-        payload_dir = request.payload_dir if config.reply_form == "prime-rl" else None
+        # A form without a by-handle mode (upstream vLLM) ignores payload_dir: inline.
+        by_handle = state.form.by_handle
+        payload_dir = request.payload_dir if by_handle is not None else None
         draw = draw_fault(state.fault_rng, config.faults, by_handle=payload_dir is not None)
         if draw.fault is Fault.HTTP_500:
             state.faults_served[Fault.HTTP_500.value] += 1
@@ -372,14 +268,19 @@ class _InferenceApp:
             finally:
                 state.running -= 1
 
-        if payload_dir is None:
+        if by_handle is None or payload_dir is None:
             choices = await trio.to_thread.run_sync(
-                _inline_choices, config, request, generations, limiter=state.compute_limiter
+                _inline_choices,
+                state.form,
+                config.capture_sampling_mask,
+                request,
+                generations,
+                limiter=state.compute_limiter,
             )
         else:
             choices = [
                 await self._by_handle_choice(
-                    request, payload_dir, index, generation, draw.fault, draw.variant
+                    by_handle, request, payload_dir, index, generation, draw.fault, draw.variant
                 )
                 for index, generation in enumerate(generations)
             ]
@@ -418,6 +319,7 @@ class _InferenceApp:
 
     async def _by_handle_choice(
         self,
+        form: ByHandleForm,
         request: GenerateRequest,
         payload_dir: Path,
         index: int,
@@ -432,26 +334,28 @@ class _InferenceApp:
         arrays: dict[str, tuple[np.ndarray, int]] = {}
         if generation.routed_experts is not None:
             arrays["routed_experts"] = (
-                narrow_routing(generation.routed_experts),
+                form.payload_routing(generation.routed_experts),
                 generation.routing_start,
             )
         if config.capture_sampling_mask:
             arrays["sampling_mask"] = (completion.sampling_mask, len(request.token_ids))
-        choice = functools.partial(primerl_choice, index, completion, logprobs=request.logprobs)
+        choice = functools.partial(form.choice, index, completion, logprobs=request.logprobs)
         if not arrays:
             return choice(payload=[])
         # Faults hit the first choice only: a request with several choices then has a
         # poisoned rollout next to healthy ones, the case the orchestrator must keep apart.
         if fault is Fault.PAYLOAD_ERROR and index == 0:
             state.faults_served[Fault.PAYLOAD_ERROR.value] += 1
-            return choice(payload_error="simulated payload write failure (injected fault)")
+            return choice(
+                payload=None, payload_error="simulated payload write failure (injected fault)"
+            )
         try:
             segments = await write_payload(
                 payload_dir, arrays, fsync=config.fsync, limiter=state.write_limiter
             )
         except (OSError, ValueError) as exc:
             log.warning("payload write failed", request_id=request.request_id, error=str(exc))
-            return choice(payload_error=f"{type(exc).__name__}: {exc}")
+            return choice(payload=None, payload_error=f"{type(exc).__name__}: {exc}")
         file_size = sum(segment.nbytes for segment in segments)
         state.payload_files += 1
         state.payload_bytes += file_size
@@ -478,27 +382,14 @@ async def serve_inference(
     Raises `OSError` when the address cannot be bound.
     """
     if config.disaggregated:
-        from orchestrator.sim.pd_router import serve_pd_deployment
-
         await serve_pd_deployment(config, task_status=task_status)
         return
-    # Imported here: the CLI builds its parser from every command module, and hypercorn
-    # is only needed by a process that actually serves.
-    from hypercorn.config import Config as HypercornConfig
-    from hypercorn.trio import serve
-    from hypercorn.typing import ASGIFramework
-
-    hypercorn_config = HypercornConfig()
-    hypercorn_config.bind = [f"{config.host}:{config.port}"]
-    hypercorn_config.accesslog = None
-    # Through stdlib logging, which `configure_logging` renders like everything else.
-    hypercorn_config.errorlog = logging.getLogger("hypercorn.error")
-    # The app speaks plain-dict ASGI (see _asgi.py) rather than hypercorn's TypedDicts.
     state = _ServerState.fresh(config)
-    app = cast("ASGIFramework", _InferenceApp(state))
     async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(functools.partial(serve, app, hypercorn_config))
-        url = state.url = binds[0]
+        address = await nursery.start(
+            functools.partial(serve_asgi, _InferenceApp(state), host=config.host, port=config.port)
+        )
+        url = state.url = address.url
         log.info(
             "inference server listening",
             url=url,
@@ -507,4 +398,23 @@ async def serve_inference(
             reply_form=config.reply_form,
             model=attrs.asdict(config.model),
         )
+        task_status.started(url)
+
+
+async def serve_pd_deployment(
+    config: SimInferenceConfig, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """A prefill server, a decode server (free loopback ports, `config`'s other settings,
+    faults drawn from seeds `2 * fault_seed` and `2 * fault_seed + 1`) and the router in
+    front of them on `config.host:config.port`, until cancelled. Reports the router's
+    URL. Raises `OSError` when an address cannot be bound."""
+    side = attrs.evolve(config, disaggregated=False, port=0)
+    prefill = attrs.evolve(side, role="prefill", fault_seed=2 * config.fault_seed)
+    decode = attrs.evolve(side, role="decode", fault_seed=2 * config.fault_seed + 1)
+    async with trio.open_nursery() as nursery:
+        prefill_url = await nursery.start(serve_inference, prefill)
+        decode_url = await nursery.start(serve_inference, decode)
+        router = PDRouterConfig(prefill_url, decode_url, host=config.host, port=config.port)
+        url = await nursery.start(serve_pd_router, router)
+        log.info("P/D deployment listening", url=url, prefill=prefill_url, decode=decode_url)
         task_status.started(url)

@@ -15,22 +15,22 @@ prefill/decode), the pure parts in `orchestrator.sim._pd`:
 - `POST /update_weights` goes to both sides at once: 200 when both answered 200.
 - `GET /health`: 200 when both sides answer 200, else 503.
 
-`serve_pd_deployment` starts the two sides and the router; `serve_inference` calls it
-for a config with `disaggregated = true`.
+`serve_pd_router` serves the router alone; `orchestrator.sim.inference.serve_pd_deployment`
+starts the two sides and the router in front of them (what `serve_inference` serves for a
+config with `disaggregated = true`).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
-from typing import Any, cast
+from typing import Any
 
 import attrs
 import httpx
 import msgspec
-import structlog
 import trio
 
+from orchestrator.asgi_server import serve_asgi
 from orchestrator.httpx_body import request_bytes
 from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH
 
@@ -45,11 +45,8 @@ from ._asgi import (
 from ._pd import PDMergeError, decode_request, merge_choices, prefill_request
 from ._response import error_body
 from ._routes import request_body, route_request
-from .inference import SimInferenceConfig, serve_inference
 
-__all__ = ["PDRouterConfig", "serve_pd_deployment", "serve_pd_router"]
-
-log = structlog.get_logger("orchestrator.sim.pd_router")
+__all__ = ["PDRouterConfig", "serve_pd_router"]
 
 _JSON = {"content-type": "application/json"}
 # Health and weight updates of the sides; generate requests wait as long as the client.
@@ -235,38 +232,13 @@ async def serve_pd_router(
 ) -> None:
     """Serve the router until cancelled; reports its URL (`nursery.start`). Raises
     `OSError` when the address cannot be bound."""
-    from hypercorn.config import Config as HypercornConfig
-    from hypercorn.trio import serve
-    from hypercorn.typing import ASGIFramework
-
-    hypercorn_config = HypercornConfig()
-    hypercorn_config.bind = [f"{config.host}:{config.port}"]
-    hypercorn_config.accesslog = None
-    hypercorn_config.errorlog = logging.getLogger("hypercorn.error")
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with (
         httpx.AsyncClient(timeout=None, limits=limits) as client,
         trio.open_nursery() as nursery,
     ):
-        app = cast("ASGIFramework", _RouterApp(config, client))
-        binds: list[str] = await nursery.start(functools.partial(serve, app, hypercorn_config))
-        task_status.started(binds[0])
-
-
-async def serve_pd_deployment(
-    config: SimInferenceConfig, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
-) -> None:
-    """A prefill server, a decode server (free loopback ports, `config`'s other settings,
-    faults drawn from seeds `2 * fault_seed` and `2 * fault_seed + 1`) and the router in
-    front of them on `config.host:config.port`, until cancelled. Reports the router's
-    URL. Raises `OSError` when an address cannot be bound."""
-    side = attrs.evolve(config, disaggregated=False, port=0)
-    prefill = attrs.evolve(side, role="prefill", fault_seed=2 * config.fault_seed)
-    decode = attrs.evolve(side, role="decode", fault_seed=2 * config.fault_seed + 1)
-    async with trio.open_nursery() as nursery:
-        prefill_url = await nursery.start(serve_inference, prefill)
-        decode_url = await nursery.start(serve_inference, decode)
-        router = PDRouterConfig(prefill_url, decode_url, host=config.host, port=config.port)
-        url = await nursery.start(serve_pd_router, router)
-        log.info("P/D deployment listening", url=url, prefill=prefill_url, decode=decode_url)
-        task_status.started(url)
+        app = _RouterApp(config, client)
+        address = await nursery.start(
+            functools.partial(serve_asgi, app, host=config.host, port=config.port)
+        )
+        task_status.started(address.url)

@@ -21,10 +21,14 @@ process.
 With `format = "prime-rl"` it stands in for prime-rl's trainer instead: it waits for
 every `<batches_dir>/step_N/rank_R.bin` (R < `data_world_size`), decodes each as prime-rl
 does and checks every micro batch, and the routing rows against the payload files the
-step's manifest names (`orchestrator.sim.primerl_reader`); each problem is a violation.
-The samples the daemon dropped before shipping (an unreadable payload, listed in the
-manifest) are counted as dropped, a missing payload file among them as a violation too,
-as above. Then it publishes `<weights_dir>/step_N/STABLE`.
+step's manifest names (`orchestrator.handoff.primerl.read_primerl_step`); each problem
+is a violation. The samples the daemon dropped before shipping (an unreadable payload,
+listed in the manifest) are counted as dropped, a missing payload file among them as a
+violation too, as above. Then it publishes `<weights_dir>/step_N/STABLE`.
+
+Which step to wait for, when it is there and how to read it is the format's
+(`HandoffFormat.step_dir`, `is_step_shipped`, `read_step`, from the registry): this
+module compares no format names.
 """
 
 from __future__ import annotations
@@ -40,21 +44,17 @@ import structlog
 import trio
 
 from orchestrator.handoff import (
-    BATCH_FILE,
-    BatchError,
+    BatchFormat,
     DroppedSample,
+    HandoffFormat,
+    HandoffSettings,
     StepLayout,
+    handoff_format,
     latest_published_version,
     publish_weights,
-    read_batch,
-    wait_for_batch,
+    replace_file_atomically,
+    wait_for_step_dir,
 )
-from orchestrator.handoff.durable import replace_file_atomically
-from orchestrator.handoff.formats import BatchFormat
-from orchestrator.handoff.primerl import primerl_step_dir
-from orchestrator.handoff.wait import wait_for_step_dir
-from orchestrator.payload import BadSegment, PayloadCorrupt, PayloadError, PayloadMissing
-from orchestrator.sim.primerl_reader import ranks_ready, read_primerl_step
 
 log = structlog.get_logger("orchestrator.sim.trainer")
 
@@ -84,7 +84,8 @@ class SimTrainerConfig:
     batches, or prime-rl's `step_N/rank_R.bin` for `data_world_size` ranks (which needs
     the "prime-rl" weights layout, as prime-rl's trainer publishes). Raises ValueError
     for negative times or steps, a poll interval or data world size that is not
-    positive, or the "prime-rl" format with another weights layout.
+    positive, an unknown format, or a format its settings do not suit (its `check`: the
+    "prime-rl" format with another weights layout).
     """
 
     batches_dir: Path
@@ -100,11 +101,18 @@ class SimTrainerConfig:
     data_world_size: int = attrs.field(default=1, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
-        if self.format == "prime-rl" and self.weights_layout != "prime-rl":
-            raise ValueError(
-                'the "prime-rl" format needs the "prime-rl" weights layout '
-                f"(prime-rl's trainer publishes step_N/STABLE), got {self.weights_layout!r}"
-            )
+        problem = handoff_format(self.format).check(self.handoff_settings)
+        if problem is not None:
+            raise ValueError(f'format "{self.format}" {problem}')
+
+    @property
+    def handoff_settings(self) -> HandoffSettings:
+        """What the format is told: where steps are shipped, the weights layout, the ranks."""
+        return HandoffSettings(
+            self.batches_dir,
+            weights_layout=self.weights_layout,
+            data_world_size=self.data_world_size,
+        )
 
 
 @attrs.frozen
@@ -251,28 +259,20 @@ async def serve_trainer(
 async def _wait_and_read(
     config: SimTrainerConfig, step: int, limiter: trio.CapacityLimiter
 ) -> _StepRead:
-    """Wait for step `step` in the configured format, then read it."""
-    if config.format == "prime-rl":
-        step_dir = await wait_for_step_dir(
-            config.batches_dir,
-            primerl_step_dir(config.batches_dir, step),
-            functools.partial(ranks_ready, config.data_world_size),
-            force_polling=config.force_polling,
-            poll_interval_s=config.poll_interval_s,
-            limiter=limiter,
-        )
-        read = functools.partial(
-            _read_primerl_step, step_dir, step, config.data_world_size, config.verify
-        )
-        return await _in_thread(read, limiter)
-    batch_dir = await wait_for_batch(
+    """Wait for step `step` in the configured format (what its trainer waits for), then
+    read it."""
+    handoff = handoff_format(config.format)
+    settings = config.handoff_settings
+    step_dir = await wait_for_step_dir(
         config.batches_dir,
-        step,
+        handoff.step_dir(settings, step),
+        functools.partial(handoff.is_step_shipped, settings),
         force_polling=config.force_polling,
         poll_interval_s=config.poll_interval_s,
         limiter=limiter,
     )
-    return await _in_thread(functools.partial(_read_step, batch_dir, step, config.verify), limiter)
+    read = functools.partial(_read_step, handoff, settings, step_dir, step, config.verify)
+    return await _in_thread(read, limiter)
 
 
 async def _in_thread(fn: Callable[[], _T], limiter: trio.CapacityLimiter) -> _T:
@@ -304,34 +304,13 @@ def _initial_stats(config: SimTrainerConfig, latest: int) -> TrainerStats:
     return previous
 
 
-def _read_step(batch_dir: Path, step: int, verify: bool) -> _StepRead:
-    """Read a batch in full, dropping samples with broken payload files; a batch that
-    cannot be read, or a missing payload file, becomes a violation. Blocking."""
-    try:
-        batch = read_batch(batch_dir, verify=verify, on_corrupt="drop")
-    except BatchError as exc:
-        return _violation(step, "bad_batch", batch_dir / BATCH_FILE, exc)
-    except PayloadMissing as exc:
-        return _violation(step, "payload_missing", exc.path, exc)
-    except PayloadCorrupt as exc:
-        return _violation(step, "payload_corrupt", exc.path, exc)
-    except (BadSegment, PayloadError) as exc:
-        return _violation(step, "bad_payload", batch_dir / BATCH_FILE, exc)
-    except OSError as exc:
-        return _violation(step, "io_error", Path(exc.filename or batch_dir), exc)
-    dropped = tuple(_drop(step, sample) for sample in batch.dropped)
-    violations = tuple(
-        Violation(step=step, kind=d.reason, file=d.file, message=d.message)
-        for d in dropped
-        if d.reason == "payload_missing"
-    )
-    return _StepRead(len(batch.samples), batch.payload_nbytes, violations, dropped)
-
-
-def _read_primerl_step(step_dir: Path, step: int, data_world_size: int, verify: bool) -> _StepRead:
-    """Read and check a prime-rl step; its problems become violations. Blocking."""
-    read = read_primerl_step(step_dir, step, data_world_size, verify=verify)
-    violations = [Violation(step, p.kind, p.file, p.message) for p in read.problems]
+def _read_step(
+    handoff: HandoffFormat, settings: HandoffSettings, step_dir: Path, step: int, verify: bool
+) -> _StepRead:
+    """Read a step as the format's trainer does; its problems, and the samples dropped for
+    a missing payload file, become violations. Blocking."""
+    read = handoff.read_step(settings, step_dir, step, verify=verify)
+    violations = []
     for problem in read.problems:
         log.error(
             "step violates the hand-off",
@@ -340,20 +319,14 @@ def _read_primerl_step(step_dir: Path, step: int, data_world_size: int, verify: 
             file=problem.file,
             error=problem.message,
         )
-    dropped = []
-    for entry in read.dropped:
-        try:
-            sample = DroppedSample(**entry)
-        except TypeError as exc:
-            violations.append(
-                Violation(step, "bad_batch", str(step_dir), f"malformed dropped entry: {exc}")
-            )
-            continue
-        drop = _drop(step, sample)
-        dropped.append(drop)
-        if drop.reason == "payload_missing":
-            violations.append(Violation(step, drop.reason, drop.file, drop.message))
-    return _StepRead(read.samples, read.payload_bytes, tuple(violations), tuple(dropped))
+        violations.append(Violation(step, problem.kind, problem.file, problem.message))
+    dropped = tuple(_drop(step, sample) for sample in read.dropped)
+    violations += [
+        Violation(step=step, kind=d.reason, file=d.file, message=d.message)
+        for d in dropped
+        if d.reason == "payload_missing"
+    ]
+    return _StepRead(read.samples, read.payload_bytes, tuple(violations), dropped)
 
 
 def _drop(step: int, sample: DroppedSample) -> Dropped:
@@ -380,11 +353,6 @@ def _drop(step: int, sample: DroppedSample) -> Dropped:
         file=sample.file,
         message=str(sample),
     )
-
-
-def _violation(step: int, kind: str, file: Path, exc: Exception) -> _StepRead:
-    log.error("batch violates the hand-off", step=step, kind=kind, file=str(file), error=str(exc))
-    return _StepRead(0, 0, (Violation(step=step, kind=kind, file=str(file), message=str(exc)),))
 
 
 async def _write_report(

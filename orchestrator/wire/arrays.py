@@ -37,8 +37,6 @@ __all__ = [
     "ROUTING_DTYPES",
     "WireFormatError",
     "decode_mask",
-    "decode_mask_csr",
-    "decode_mask_lists",
     "decode_npy",
     "decode_packed",
     "decode_packed_routing",
@@ -231,11 +229,6 @@ def decode_mask(value: object, what: str, *, tokens: int) -> np.ndarray:
     return _lists_mask(mask, what, tokens)
 
 
-def decode_mask_csr(value: object, what: str, *, tokens: int) -> np.ndarray:
-    """A CSR sampling mask for `tokens` completion tokens -> ``int32 [tokens, widest]``."""
-    return _csr_mask(typed(value, CSRMask, what), what, tokens)
-
-
 def _csr_mask(mask: CSRMask, what: str, tokens: int) -> np.ndarray:
     ids = _csr_part(mask.ids, f"{what}.ids")
     counts = _csr_part(mask.counts, f"{what}.counts")
@@ -259,12 +252,6 @@ def encode_mask_csr(mask: np.ndarray) -> dict[str, Any] | None:
         return None
     ids = mask[kept].astype(np.int32)
     return {"ids": encode_packed(ids), "counts": encode_packed(counts)}
-
-
-def decode_mask_lists(value: object, what: str, *, tokens: int) -> np.ndarray:
-    """Upstream vLLM's mask, one list of ids per completion token -> ``int32 [tokens,
-    widest]``."""
-    return _lists_mask(typed(value, list[list[int]], what), what, tokens)
 
 
 def _lists_mask(rows: list[list[int]], what: str, tokens: int) -> np.ndarray:

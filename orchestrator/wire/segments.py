@@ -19,20 +19,23 @@ import posixpath
 from pathlib import Path
 from typing import Any
 
+import attrs
 from payload_gc import is_busy_name, plain_name_problem
 
-from orchestrator.payload import FIELD_NDIM, FIELDS, BadSegment, PayloadSegment, is_digest_hex
+from orchestrator.payload import (
+    BadSegment,
+    PayloadSegment,
+    check_json_types,
+    check_segment_layout,
+    is_json_int,
+    segment_object,
+)
 
 __all__ = ["SEGMENT_KEYS", "segment_from_wire", "segment_to_wire"]
 
 #: The keys of a segment on the wire, in prime-rl's field order.
 SEGMENT_KEYS = ("field", "file", "offset", "pos", "rows", "dtype", "shape")
 _OPTIONAL_KEYS = ("digest",)
-
-
-def _is_int(value: object) -> bool:
-    # JSON booleans parse as Python bools, which are ints: never accept them as numbers.
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def segment_to_wire(
@@ -56,55 +59,33 @@ def segment_to_wire(
 def segment_from_wire(obj: object, payload_dir: Path) -> PayloadSegment:
     """Parse and check one segment of a reply to a request that named `payload_dir`.
 
+    The keys and their types are checked the way every segment's JSON form is, the
+    layout the way every segment's is (`check_segment_layout`); only the file's path is
+    the wire's own.
+
     Raises `BadSegment`: ``malformed`` (keys, types), ``field``, ``dtype``, ``shape``,
     ``out_of_range`` (a negative offset, pos or row count), ``traversal`` (a file outside
     `payload_dir`), ``not_plain_name``, ``digest`` (not 32 hex digits).
     """
-    if not isinstance(obj, dict):
-        raise BadSegment("malformed", "", f"expected a JSON object, got {type(obj).__name__}")
-    file = obj.get("file")
-    shown = file if isinstance(file, str) else ""
-    missing = [key for key in SEGMENT_KEYS if key not in obj]
-    if missing:
-        raise BadSegment("malformed", shown, f"missing key(s) {', '.join(missing)}")
-    unknown = sorted(str(key) for key in obj if key not in SEGMENT_KEYS + _OPTIONAL_KEYS)
-    if unknown:
-        # A key from a newer writer might change what the bytes mean: never half-read.
-        raise BadSegment("malformed", shown, f"unknown key(s) {', '.join(unknown)}")
-    for key in ("field", "file", "dtype"):
-        if not isinstance(obj[key], str):
-            raise BadSegment("malformed", shown, f"{key} must be a string")
-    for key in ("offset", "pos", "rows"):
-        if not _is_int(obj[key]):
-            raise BadSegment("malformed", shown, f"{key} must be an integer")
-        if obj[key] < 0:
-            raise BadSegment("out_of_range", shown, f"negative {key} {obj[key]}")
-    field, dtype, row_shape = obj["field"], obj["dtype"], obj["shape"]
-    if field not in FIELDS:
-        raise BadSegment("field", shown, f"unknown field {field!r}")
-    if dtype not in FIELDS[field]:
-        raise BadSegment("dtype", shown, f"dtype {dtype!r} not allowed for {field}")
-    ndim = FIELD_NDIM[field] - 1
-    if (
-        not isinstance(row_shape, list)
-        or len(row_shape) != ndim
-        or not all(_is_int(d) and d >= 1 for d in row_shape)
-    ):
+    obj, shown = segment_object(obj, required=SEGMENT_KEYS, optional=_OPTIONAL_KEYS)
+    check_json_types(obj, shown, strings=("field", "file", "dtype"), ints=("offset", "pos", "rows"))
+    row_shape = obj["shape"]
+    if not isinstance(row_shape, list) or not all(is_json_int(d) for d in row_shape):
         raise BadSegment(
-            "shape", shown, f"{field} row shape must be {ndim} positive integers, got {row_shape!r}"
+            "shape", shown, f"the row shape must be a list of integers, got {row_shape!r}"
         )
-    digest = obj.get("digest")
-    if digest is not None and not (isinstance(digest, str) and is_digest_hex(digest)):
-        raise BadSegment("digest", shown, "digest must be 32 lowercase hex digits")
-    return PayloadSegment(
-        field=field,
-        file=_name_in(obj["file"], payload_dir),
+    # Until its path is checked, the segment names its file as sent, so do its errors.
+    segment = PayloadSegment(
+        field=obj["field"],
+        file=obj["file"],
         offset=obj["offset"],
         pos=obj["pos"],
         shape=(obj["rows"], *row_shape),
-        dtype=dtype,
-        digest=digest,
+        dtype=obj["dtype"],
+        digest=obj.get("digest"),
     )
+    check_segment_layout(segment)
+    return attrs.evolve(segment, file=_name_in(segment.file, payload_dir))
 
 
 def _name_in(file: str, payload_dir: Path) -> str:

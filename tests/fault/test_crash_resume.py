@@ -52,10 +52,11 @@ from orchestrator.handoff import (
     BATCH_FILE,
     PARTIAL_BATCH_PREFIX,
     PROGRESS_FILE,
+    BatchFormat,
     batch_step_dir,
     published_versions,
+    shipped_steps_in,
 )
-from orchestrator.handoff.formats import BatchFormat, shipped_steps_in
 from orchestrator.handoff.primerl import MANIFEST_FILE, primerl_step_dir, rank_file_name
 
 SEED = 20261129

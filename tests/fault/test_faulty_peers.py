@@ -26,13 +26,17 @@ import trio
 from _fault_kit import run_config, snapshot_tree
 from payload_gc import min_fresh_version
 
-import orchestrator.daemon.shipping as shipping_module
+from orchestrator.commands.launch import launch_run
 from orchestrator.config import Config
 from orchestrator.core.rollouts import GroupResult
 from orchestrator.core.sink import TrainSink
-from orchestrator.daemon.run import RunOutcome, run_daemon
+from orchestrator.daemon import RunOutcome
 from orchestrator.handoff import (
     BATCH_FILE,
+    HANDOFF_FORMATS,
+    HandoffSettings,
+    NativeFormat,
+    Shipment,
     TrainSample,
     batch_step_dir,
     read_batch,
@@ -102,17 +106,18 @@ def read_each_batch_as_shipped(monkeypatch: pytest.MonkeyPatch) -> dict[int, set
     which happens after this returns, so no collection can race the read.
     """
     rollout_ids: dict[int, set[str]] = {}
-    publish = shipping_module.publish_batch_async
 
-    async def publish_then_read(
-        batches_dir: Path, step: int, samples: Sequence[TrainSample], **kwargs: Any
-    ) -> Path:
-        batch_dir = await publish(batches_dir, step, samples, **kwargs)
-        batch = await trio.to_thread.run_sync(lambda: read_batch(batch_dir, verify=True))
-        rollout_ids[step] = {sample.rollout_id for sample in batch.samples}
-        return batch_dir
+    class PublishThenRead(NativeFormat):
+        # Runs in the daemon's shipping worker thread, before the step counts as shipped.
+        def ship(
+            self, settings: HandoffSettings, step: int, samples: Sequence[TrainSample]
+        ) -> Shipment:
+            shipment = super().ship(settings, step, samples)
+            batch = read_batch(shipment.path, verify=True)
+            rollout_ids[step] = {sample.rollout_id for sample in batch.samples}
+            return shipment
 
-    monkeypatch.setattr(shipping_module, "publish_batch_async", publish_then_read)
+    monkeypatch.setitem(HANDOFF_FORMATS, "native", PublishThenRead())
     return rollout_ids
 
 
@@ -173,13 +178,13 @@ async def test_faulty_fleet_completes_counts_failures_and_never_trains_on_bad_pa
     shipped = read_each_batch_as_shipped(monkeypatch)
 
     with structlog.testing.capture_logs() as logs, trio.fail_after(120):
-        outcome: RunOutcome = await run_daemon(config)
+        outcome: RunOutcome = await launch_run(config)
     state = outcome.state
     # Shown with `pytest -s`.
-    print(f"\nfailures {dict(state.failures)}, rollouts {dict(state.rollouts)}")
-    print(f"discards {dict(outcome.sink.counters)}, deleted {dict(state.files_deleted)}")
+    print(f"\nfailures {dict(state.dispatch.failures)}, rollouts {dict(state.dispatch.rollouts)}")
+    print(f"discards {dict(outcome.sink.counters)}, deleted {dict(state.payload.files_deleted)}")
 
-    assert state.next_step == STEPS + 1 and state.settled_version == STEPS
+    assert state.shipping.next_step == STEPS + 1 and state.versions.settled == STEPS
     assert shipped_steps(config.batches_dir) == list(range(1, STEPS + 1))
     # Every kind of fault was seen and counted, none was fatal. Segment faults exist by
     # handle only; the P/D router turns a side's cut-short reply into a 500.
@@ -187,26 +192,28 @@ async def test_faulty_fleet_completes_counts_failures_and_never_trains_on_bad_pa
     kinds += [] if disaggregated else ["malformed"]
     kinds += ["poisoned_payload"] if by_handle else []
     for kind in kinds:
-        assert state.failures[kind] > 0, dict(state.failures)
+        assert state.dispatch.failures[kind] > 0, dict(state.dispatch.failures)
     if disaggregated:
-        assert state.failures["malformed"] == 0, dict(state.failures)
+        assert state.dispatch.failures["malformed"] == 0, dict(state.dispatch.failures)
     if not by_handle:
-        assert state.failures["poisoned_payload"] == 0, dict(state.failures)
-        assert state.rollouts["poisoned"] == 0 and not poisoned_ids
+        assert state.dispatch.failures["poisoned_payload"] == 0, dict(state.dispatch.failures)
+        assert state.dispatch.rollouts["poisoned"] == 0 and not poisoned_ids
     else:
-        assert state.rollouts["poisoned"] > 0, dict(state.rollouts)
+        assert state.dispatch.rollouts["poisoned"] > 0, dict(state.dispatch.rollouts)
         # The spy saw the poisoned rollouts the dispatcher counted (groups still running at
         # the end are cancelled, so some counted ones may never reach the sink).
-        assert 0 < len(poisoned_ids) <= state.rollouts["poisoned"]
+        assert 0 < len(poisoned_ids) <= state.dispatch.rollouts["poisoned"]
         assert outcome.sink.counters["untrainable"] > 0
         # A traversal name was among the bad segments, and was refused, not followed.
         # (Its texts are what the rejections remember; the log has one line per interval.)
-        reasons = [text for text, _ in state.rejections.most_common("poisoned_payload", 100)]
+        reasons = [
+            text for text, _ in state.dispatch.rejections.most_common("poisoned_payload", 100)
+        ]
         assert any("traversal" in reason for reason in reasons), reasons[:5]
         assert any("payload_error" in reason for reason in reasons), reasons[:5]
         lines = [e for e in events(logs, "rollout failure") if e["kind"] == "poisoned_payload"]
         assert lines and all(e["log_level"] == "warning" for e in lines)
-        assert len(lines) < state.failures["poisoned_payload"]
+        assert len(lines) < state.dispatch.failures["poisoned_payload"]
 
     # No poisoned rollout was trained on: every shipped batch read back in full with its
     # digests verified, and no sample came from a poisoned rollout.
@@ -220,14 +227,14 @@ async def test_faulty_fleet_completes_counts_failures_and_never_trains_on_bad_pa
     # Every payload file left is explained by a shipped batch or a version at or above
     # the bound, and the file a traversal name points at is untouched.
     bound = min_fresh_version(STEPS + 1, M)
-    assert state.bound == bound
+    assert state.versions.collected_below == bound
     referenced = referenced_files(config.batches_dir)
     assert unexplained_files(config.payload_root, bound, referenced) == []
     assert snapshot_tree(run_dir / "etc") == before
     if by_handle:
         # Discards deleted files as they went (under P/D, both sides' of each rollout):
         # what is left in the fresh versions is what shipped or is still queued.
-        assert state.files_deleted["discard"] > 0, dict(state.files_deleted)
+        assert state.payload.files_deleted["discard"] > 0, dict(state.payload.files_deleted)
     if by_handle and disaggregated:
         # Every shipped sample's routing came from both sides' files.
         for step in shipped_steps(config.batches_dir):

@@ -30,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _hostile_proxy import Exchange, Rewrite, rewriting, serve_hostile_proxy
 
+from orchestrator.commands.launch import launch_run
 from orchestrator.config import Config, load_config
-from orchestrator.daemon.run import RunOutcome, run_daemon
+from orchestrator.daemon import RunOutcome
 from orchestrator.daemon.run_state import RunState
 from orchestrator.sim.inference import SimInferenceConfig, serve_inference
 
@@ -121,9 +122,9 @@ async def run_attack(
         overrides = (*overrides, "inference.disaggregated=true")
     async with fleet(rewrite, disaggregated=disaggregated) as urls:
         with trio.fail_after(deadline_s):
-            outcome = await run_daemon(daemon_config(arena, urls, *overrides))
+            outcome = await launch_run(daemon_config(arena, urls, *overrides))
     arena.assert_canaries_intact()
-    assert outcome.state.next_step == STEPS + 1
+    assert outcome.state.shipping.next_step == STEPS + 1
     report = json.loads((arena.run_dir / "trainer" / "report.json").read_text())
     assert report["violations"] == [], report["violations"]
     return outcome
@@ -132,7 +133,7 @@ async def run_attack(
 async def run_for(arena: Arena, rewrite: Rewrite, seconds: float) -> RunState:
     """The daemon for `seconds` (for attacks after which nothing can ship), then stopped."""
     async with fleet(rewrite) as urls, trio.open_nursery() as nursery:
-        state: RunState = await nursery.start(run_daemon, daemon_config(arena, urls))
+        state: RunState = await nursery.start(launch_run, daemon_config(arena, urls))
         await trio.sleep(seconds)
         nursery.cancel_scope.cancel()
     arena.assert_canaries_intact()
@@ -181,8 +182,8 @@ async def test_a_version_dir_swapped_for_a_link_never_lets_the_daemon_delete_out
     state = await run_for(arena, rewriting(change), seconds=6)
     assert swapped, "the attack never ran"
     # Every rollout of that version was refused, and its files were left alone.
-    assert state.failures["poisoned_payload"] > 0
-    assert state.files_deleted["discard"] >= 0
+    assert state.dispatch.failures["poisoned_payload"] > 0
+    assert state.payload.files_deleted["discard"] >= 0
 
 
 @pytest.mark.parametrize("key", ["fill", "digest_offset", "digest_nbytes"])
@@ -197,7 +198,7 @@ async def test_stitching_keys_from_a_server_are_a_rejection_not_a_crash(
             segment[key] = 0
 
     outcome = await run_attack(arena, rewriting(change))
-    assert outcome.state.failures["poisoned_payload"] > 0
+    assert outcome.state.dispatch.failures["poisoned_payload"] > 0
 
 
 async def test_routing_of_another_model_is_rejected_before_it_ships(arena: Arena) -> None:
@@ -207,7 +208,7 @@ async def test_routing_of_another_model_is_rejected_before_it_ships(arena: Arena
         segment.update(dtype="uint16", shape=[48, 4])
 
     outcome = await run_attack(arena, rewriting(change))
-    assert outcome.state.failures["poisoned_payload"] > 0
+    assert outcome.state.dispatch.failures["poisoned_payload"] > 0
 
 
 async def test_a_zero_sized_dimension_is_rejected(arena: Arena) -> None:
@@ -216,7 +217,7 @@ async def test_a_zero_sized_dimension_is_rejected(arena: Arena) -> None:
         segment["shape"] = [0, 8]
 
     outcome = await run_attack(arena, rewriting(change))
-    assert outcome.state.failures["poisoned_payload"] > 0
+    assert outcome.state.dispatch.failures["poisoned_payload"] > 0
 
 
 async def test_claimed_sizes_are_not_counted_as_written(arena: Arena) -> None:
@@ -225,9 +226,9 @@ async def test_claimed_sizes_are_not_counted_as_written(arena: Arena) -> None:
 
     outcome = await run_attack(arena, rewriting(change))
     state = outcome.state
-    assert state.failures["poisoned_payload"] > 0
+    assert state.dispatch.failures["poisoned_payload"] > 0
     # What is on disk: a few MB per step, never the petabytes the replies claim.
-    assert 0 < state.bytes_written < 10**9
+    assert 0 < state.payload.bytes_written < 10**9
 
 
 async def test_a_reply_too_deep_to_parse_is_a_rejection(arena: Arena) -> None:
@@ -235,7 +236,7 @@ async def test_a_reply_too_deep_to_parse_is_a_rejection(arena: Arena) -> None:
         return b"[" * 200_000 + b"]" * 200_000
 
     outcome = await run_attack(arena, rewrite)
-    assert outcome.state.failures["malformed"] > 0
+    assert outcome.state.dispatch.failures["malformed"] > 0
 
 
 async def test_an_oversized_reply_is_cut_off_and_counted(arena: Arena) -> None:
@@ -244,12 +245,12 @@ async def test_an_oversized_reply_is_cut_off_and_counted(arena: Arena) -> None:
         return json.dumps(exchange.reply).encode() + b" " * (8 << 20)
 
     outcome = await run_attack(arena, rewrite)
-    assert outcome.state.failures["oversized"] > 0
+    assert outcome.state.dispatch.failures["oversized"] > 0
 
 
 async def test_garbage_instead_of_json_is_a_rejection(arena: Arena) -> None:
     outcome = await run_attack(arena, lambda exchange: os.urandom(4096))
-    assert outcome.state.failures["malformed"] > 0
+    assert outcome.state.dispatch.failures["malformed"] > 0
 
 
 # -- stopped before, kept as regression cases ----------------------------------------------
@@ -299,7 +300,7 @@ async def test_attacks_already_stopped_stay_stopped(
     else:
         rewrite = rewriting(lambda e: routing(e).update(dtype="float64"))
     outcome = await run_attack(arena, rewrite, disaggregated=disaggregated)
-    assert outcome.state.failures["poisoned_payload"] > 0
+    assert outcome.state.dispatch.failures["poisoned_payload"] > 0
 
 
 async def test_a_wrong_digest_costs_its_sample_not_the_batch(arena: Arena) -> None:
@@ -313,9 +314,9 @@ async def test_a_wrong_digest_costs_its_sample_not_the_batch(arena: Arena) -> No
     async with fleet(rewriting(change)) as urls:
         config = daemon_config(arena, urls)
         with trio.fail_after(90):
-            outcome = await run_daemon(config)
+            outcome = await launch_run(config)
     arena.assert_canaries_intact()
-    assert outcome.state.next_step == STEPS + 1
+    assert outcome.state.shipping.next_step == STEPS + 1
     report = json.loads((arena.run_dir / "trainer" / "report.json").read_text())
     assert report["violations"] == []
     assert report["dropped"], "no corrupt sample reached the trainer"

@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _hostile_proxy import Exchange, Rewrite, rewriting, serve_hostile_proxy
 
+from orchestrator.commands.launch import launch_run
 from orchestrator.config import load_config
-from orchestrator.daemon.run import RunOutcome, run_daemon
+from orchestrator.daemon import RunOutcome
 from orchestrator.sim.inference import SimInferenceConfig, serve_inference
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
@@ -86,18 +87,20 @@ async def run_attack(tmp_path: Path, rewrite: Rewrite) -> RunOutcome:
             ],
         )
         with trio.fail_after(90):
-            outcome = await run_daemon(config)
+            outcome = await launch_run(config)
     for name, data in canaries.items():
         path = outside / name
         assert path.is_file() and not path.is_symlink() and path.read_bytes() == data, name
-    assert outcome.state.next_step == STEPS + 1
+    assert outcome.state.shipping.next_step == STEPS + 1
     report = json.loads((run_dir / "trainer" / "report.json").read_text())
     assert report["violations"] == [] and report["dropped"] == [], report
     return outcome
 
 
 def reasons(outcome: RunOutcome) -> list[str]:
-    return [text for text, _ in outcome.state.rejections.most_common("poisoned_payload", 100)]
+    return [
+        text for text, _ in outcome.state.dispatch.rejections.most_common("poisoned_payload", 100)
+    ]
 
 
 async def test_a_decode_side_that_disagrees_on_the_shared_row_is_poisoned(
@@ -119,8 +122,8 @@ async def test_a_decode_side_that_disagrees_on_the_shared_row_is_poisoned(
 
     outcome = await run_attack(tmp_path, rewriting(change))
     assert changed, "the attack never ran"
-    assert outcome.state.failures["poisoned_payload"] > 0
-    assert outcome.state.rollouts["poisoned"] > 0
+    assert outcome.state.dispatch.failures["poisoned_payload"] > 0
+    assert outcome.state.dispatch.rollouts["poisoned"] > 0
     disagreements = [r for r in reasons(outcome) if "disagree" in r]
     assert disagreements, reasons(outcome)[:5]
     assert all("prefill and decode" in r for r in disagreements)
@@ -142,5 +145,5 @@ async def test_segments_outside_payload_dir_from_a_pd_reply_are_refused(
             exchange.segments.append({**decode[-1], "file": target, "offset": 0})
 
     outcome = await run_attack(tmp_path, rewriting(change))
-    assert outcome.state.failures["poisoned_payload"] > 0
+    assert outcome.state.dispatch.failures["poisoned_payload"] > 0
     assert any("traversal" in reason for reason in reasons(outcome)), reasons(outcome)[:5]

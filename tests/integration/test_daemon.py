@@ -12,9 +12,10 @@ import httpx
 import pytest
 import trio
 
+from orchestrator.commands.launch import launch_run
 from orchestrator.commands.summary import check_invariants
 from orchestrator.config import Config, load_config
-from orchestrator.daemon.run import RunOutcome, run_daemon
+from orchestrator.daemon import RunOutcome
 from orchestrator.daemon.run_state import RunState
 from orchestrator.errors import UserError
 from orchestrator.handoff import BATCH_FILE, read_batch_file, shipped_steps
@@ -40,13 +41,13 @@ def version_dirs(root: Path) -> list[int]:
 
 async def watch_collections(state: RunState, root: Path, seen: list[tuple[int, list[int]]]) -> None:
     """After every settled policy update, record the version dirs left in the root."""
-    last = state.settled_version
+    last = state.versions.settled
     while True:
         await state.wait_changed()
-        if state.settled_version != last and state.bound is not None:
-            last = state.settled_version
+        if state.versions.settled != last and state.versions.collected_below is not None:
+            last = state.versions.settled
             dirs = await trio.to_thread.run_sync(version_dirs, root)
-            seen.append((state.bound, dirs))
+            seen.append((state.versions.collected_below, dirs))
 
 
 async def run_with_watch(config: Config) -> tuple[RunOutcome, list[tuple[int, list[int]]]]:
@@ -55,7 +56,7 @@ async def run_with_watch(config: Config) -> tuple[RunOutcome, list[tuple[int, li
     async with trio.open_nursery() as nursery:
 
         async def daemon(task_status: trio.TaskStatus[RunState]) -> None:
-            outcome.append(await run_daemon(config, task_status=task_status))
+            outcome.append(await launch_run(config, task_status=task_status))
             nursery.cancel_scope.cancel()
 
         state = await nursery.start(daemon)
@@ -69,7 +70,7 @@ def assert_invariants(config: Config, outcome: RunOutcome, steps: int) -> None:
         payload_root=config.payload_root,
         trainer_report=config.run_dir / "trainer" / "report.json",
         last_step=steps,
-        bound=outcome.state.bound,
+        bound=outcome.state.versions.collected_below,
     )
     for invariant in invariants:
         assert invariant.held is True, invariant
@@ -81,8 +82,8 @@ async def test_demo_config_runs_steps_and_keeps_every_invariant(tmp_path: Path) 
     with trio.fail_after(120):
         outcome, seen = await run_with_watch(config)
     state = outcome.state
-    assert state.next_step == 6
-    assert state.settled_version == 5
+    assert state.shipping.next_step == 6
+    assert state.versions.settled == 5
     assert shipped_steps(config.batches_dir) == [1, 2, 3, 4, 5]
     assert_invariants(config, outcome, 5)
     # After every policy update, nothing below the bound is left in the payload root.
@@ -90,7 +91,7 @@ async def test_demo_config_runs_steps_and_keeps_every_invariant(tmp_path: Path) 
     for bound, dirs in seen:
         assert all(k >= bound for k in dirs), (bound, dirs)
     # The final bound after v5: min_fresh_version(6, 2) = 3.
-    assert state.bound == 3
+    assert state.versions.collected_below == 3
     assert all(k >= 3 for k in version_dirs(config.payload_root))
     report = json.loads((config.run_dir / "trainer" / "report.json").read_text())
     assert report["steps"] == 5 and report["violations"] == []
@@ -103,8 +104,8 @@ async def test_demo_config_runs_steps_and_keeps_every_invariant(tmp_path: Path) 
     assert all(s.server == servers[s.group_id] for s in batch.samples)
     assert all(url is not None and url.startswith("http://127.0.0.1:") for url in servers.values())
     # Discarded rollouts' files were deleted at once, not only by the collector.
-    assert state.files_deleted["discard"] > 0
-    assert state.files_deleted["collection"] > 0
+    assert state.payload.files_deleted["discard"] > 0
+    assert state.payload.files_deleted["collection"] > 0
 
 
 @pytest.mark.slow
@@ -112,8 +113,8 @@ async def test_stopped_mid_run_resumes_without_reshipping_or_skipping(tmp_path: 
     config = demo_config(tmp_path / "run", "max_steps=6")
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
-            state: RunState = await nursery.start(run_daemon, config)
-            while state.next_step <= 3:
+            state: RunState = await nursery.start(launch_run, config)
+            while state.shipping.next_step <= 3:
                 await state.wait_changed()
             nursery.cancel_scope.cancel()
     first = shipped_steps(config.batches_dir)
@@ -134,6 +135,20 @@ async def test_stopped_mid_run_resumes_without_reshipping_or_skipping(tmp_path: 
     for step, mtime in mtimes.items():
         path = config.batches_dir / f"step_{step:06d}" / BATCH_FILE
         assert os.stat(path).st_mtime_ns == mtime, f"batch {step} was rewritten"
+
+    # The resumed run went on with the environment's next prompts: none of the prompts
+    # the first run trained on came again (group ids are `g<n>-<prompt id>`).
+    def prompts(steps: list[int]) -> set[str]:
+        return {
+            sample.group_id.split("-", 1)[1]
+            for step in steps
+            for sample in read_batch_file(
+                config.batches_dir / f"step_{step:06d}" / BATCH_FILE
+            ).samples
+        }
+
+    later = [step for step in range(1, 7) if step not in first]
+    assert prompts(first) and prompts(later) and not prompts(first) & prompts(later)
     assert not straggler.exists()
     assert_invariants(config, outcome, 6)
 
@@ -145,11 +160,11 @@ async def test_fresh_run_wipes_a_previous_payload_root(tmp_path: Path) -> None:
     (root / "v7" / "old.bin").write_bytes(b"old")
     (root / ".payload-root").write_text("")
     with trio.fail_after(60):
-        outcome = await run_daemon(config)
+        outcome = await launch_run(config)
     assert not (root / "v7").exists()
     assert (root / ".payload-root").exists()
     assert shipped_steps(config.batches_dir) == [1]
-    assert outcome.state.settled_version == 1
+    assert outcome.state.versions.settled == 1
 
 
 async def test_fresh_run_refuses_a_root_it_did_not_create(tmp_path: Path) -> None:
@@ -158,7 +173,7 @@ async def test_fresh_run_refuses_a_root_it_did_not_create(tmp_path: Path) -> Non
     root.mkdir(parents=True)
     (root / "precious.txt").write_text("not ours")
     with pytest.raises(UserError, match="payload"), trio.fail_after(60):
-        await run_daemon(config)
+        await launch_run(config)
     assert (root / "precious.txt").read_text() == "not ours"
 
 
@@ -181,8 +196,8 @@ async def test_metrics_endpoint_follows_the_run(tmp_path: Path) -> None:
     config = demo_config(tmp_path / "run", "max_steps=3", f'metrics.listen="127.0.0.1:{port}"')
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery, httpx.AsyncClient() as client:
-            state: RunState = await nursery.start(run_daemon, config)
-            while state.next_step <= 2:
+            state: RunState = await nursery.start(launch_run, config)
+            while state.shipping.next_step <= 2:
                 await state.wait_changed()
             response = await client.get(f"http://127.0.0.1:{port}/metrics")
             nursery.cancel_scope.cancel()

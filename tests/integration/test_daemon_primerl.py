@@ -14,14 +14,19 @@ import pytest
 import structlog.testing
 import trio
 
-import orchestrator.daemon.shipping as shipping
 from orchestrator.commands.inspect import read_run_snapshot
+from orchestrator.commands.launch import launch_run
 from orchestrator.commands.summary import check_invariants
 from orchestrator.config import Config, load_config
 from orchestrator.core.rollouts import TrainSample
-from orchestrator.daemon.run import RunOutcome, run_daemon
-from orchestrator.handoff import published_versions
-from orchestrator.handoff.primerl import MANIFEST_FILE, decode_rank_file, shipped_primerl_steps
+from orchestrator.daemon import RunOutcome
+from orchestrator.handoff import HANDOFF_FORMATS, HandoffSettings, Shipment, published_versions
+from orchestrator.handoff.primerl import (
+    MANIFEST_FILE,
+    PrimeRLFormat,
+    decode_rank_file,
+    shipped_primerl_steps,
+)
 from orchestrator.payload import PayloadSegment
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
@@ -51,7 +56,7 @@ def assert_invariants(config: Config, outcome: RunOutcome, steps: int) -> None:
         payload_root=config.payload_root,
         trainer_report=config.run_dir / "trainer" / "report.json",
         last_step=steps,
-        bound=outcome.state.bound,
+        bound=outcome.state.versions.collected_below,
         batch_format="prime-rl",
         data_world_size=2,
     )
@@ -86,8 +91,8 @@ def assert_prime_rl_layout(config: Config, steps: int) -> list[dict[str, Any]]:
 async def test_the_daemon_ships_prime_rl_steps_by_handle_for_two_ranks(tmp_path: Path) -> None:
     config = primerl_config(tmp_path, "max_steps=4")
     with trio.fail_after(120):
-        outcome = await run_daemon(config)
-    assert outcome.state.next_step == 5 and outcome.state.settled_version == 4
+        outcome = await launch_run(config)
+    assert outcome.state.shipping.next_step == 5 and outcome.state.versions.settled == 4
     assert_invariants(config, outcome, 4)
     manifests = assert_prime_rl_layout(config, 4)
     report = json.loads((config.run_dir / "trainer" / "report.json").read_text())
@@ -104,8 +109,8 @@ async def test_the_daemon_ships_prime_rl_steps_by_handle_for_two_ranks(tmp_path:
     assert sequences and all(s["routing"] == "by_handle" for s in sequences)
     assert report["payload_bytes"] > 0
     # The collector ran as usual: prime-rl's trainer reads step N before publishing N.
-    assert outcome.state.bound == 2
-    assert outcome.state.files_deleted["collection"] > 0
+    assert outcome.state.versions.collected_below == 2
+    assert outcome.state.payload.files_deleted["collection"] > 0
     # `orchestrator status` counts prime-rl steps as shipped.
     snapshot = read_run_snapshot(config)
     assert (snapshot.shipped_step, snapshot.published_version) == (4, 4)
@@ -116,7 +121,7 @@ async def test_the_daemon_ships_prime_rl_steps_with_inline_routing(tmp_path: Pat
     config = primerl_config(tmp_path, "max_steps=2", 'payload.mode="inline"')
     assert config.by_handle is False
     with trio.fail_after(120):
-        outcome = await run_daemon(config)
+        outcome = await launch_run(config)
     assert_invariants(config, outcome, 2)
     manifests = assert_prime_rl_layout(config, 2)
     routing = {
@@ -150,28 +155,28 @@ async def test_payloads_broken_after_admission_never_stop_the_daemon(
 ) -> None:
     # The servers add digests, so the writer (verifying them) sees the flipped bytes.
     config = primerl_config(tmp_path, "max_steps=3", "sim.payload_digests=true")
-    real_publish = shipping.publish_primerl_step_async
     attempts: list[tuple[int, int]] = []
     flipped: set[Path] = set()
 
-    async def publish_after_breaking(
-        rollouts_dir: Path, step: int, samples: Sequence[TrainSample], **kwargs: Any
-    ) -> Any:
-        # The first attempt loses every sample's payload; later ones, one sample's.
-        attempts.append((step, len(samples)))
-        for sample in samples if len(attempts) == 1 else samples[:1]:
-            assert sample.payload_dir is not None
-            flip_first_byte(sample.payload["routed_experts"][0], sample.payload_dir, flipped)
-        return await real_publish(rollouts_dir, step, samples, **kwargs)
+    class PublishAfterBreaking(PrimeRLFormat):
+        def ship(
+            self, settings: HandoffSettings, step: int, samples: Sequence[TrainSample]
+        ) -> Shipment:
+            # The first attempt loses every sample's payload; later ones, one sample's.
+            attempts.append((step, len(samples)))
+            for sample in samples if len(attempts) == 1 else samples[:1]:
+                assert sample.payload_dir is not None
+                flip_first_byte(sample.payload["routed_experts"][0], sample.payload_dir, flipped)
+            return super().ship(settings, step, samples)
 
-    monkeypatch.setattr(shipping, "publish_primerl_step_async", publish_after_breaking)
+    monkeypatch.setitem(HANDOFF_FORMATS, "prime-rl", PublishAfterBreaking())
     with structlog.testing.capture_logs() as logs, trio.fail_after(120):
-        outcome = await run_daemon(config)
+        outcome = await launch_run(config)
     # Step 1 shipped nothing the first time and was filled again from new samples.
     assert [step for step, _ in attempts[:2]] == [1, 1]
     not_shipped = "batch not shipped: no sample's payload could be read"
     assert any(entry["event"] == not_shipped for entry in logs)
-    assert outcome.state.settled_version == 3
+    assert outcome.state.versions.settled == 3
     assert_invariants(config, outcome, 3)
     assert_prime_rl_layout(config, 3)
     report = json.loads((config.run_dir / "trainer" / "report.json").read_text())

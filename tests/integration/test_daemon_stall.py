@@ -13,8 +13,8 @@ import structlog.testing
 import trio
 
 from orchestrator.cli import main
+from orchestrator.commands.launch import launch_run
 from orchestrator.config import load_config
-from orchestrator.daemon.run import run_daemon
 from orchestrator.daemon.run_state import RunState
 from orchestrator.handoff import hold_run_lock, load_progress
 
@@ -52,14 +52,14 @@ async def test_every_sample_too_long_warns_and_status_shows_it(
         trio.fail_after(30),
     ):
         async with trio.open_nursery() as nursery:
-            state: RunState = await nursery.start(run_daemon, config)
+            state: RunState = await nursery.start(launch_run, config)
             # Two warnings that saw discards: the first one's progress save is done. (Groups
             # keep being admitted and discarded, and each admission notifies the state.)
             while len([w for w in warnings(logs) if untrainable(w)]) < 2:
                 await state.wait_changed()
             nursery.cancel_scope.cancel()
 
-    assert state.next_step == 1, "a batch shipped although every sample is too long"
+    assert state.shipping.next_step == 1, "a batch shipped although every sample is too long"
     stalls = warnings(logs)
     # Once per interval, not on every check; the first right after STALL_S of silence.
     assert 2 <= len(stalls) <= 20

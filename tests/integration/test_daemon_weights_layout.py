@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from orchestrator.commands.launch import launch_run
 from orchestrator.config import load_config
-from orchestrator.daemon.run import run_daemon
 from orchestrator.handoff import published_versions, shipped_steps
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
@@ -33,8 +33,8 @@ async def test_the_daemon_follows_a_trainer_publishing_in_the_prime_rl_layout(
         ],
     )
     with trio.fail_after(120):
-        outcome = await run_daemon(config)
-    assert outcome.state.settled_version == 3
+        outcome = await launch_run(config)
+    assert outcome.state.versions.settled == 3
     assert shipped_steps(config.batches_dir) == [1, 2, 3]
     # The local trainer published in prime-rl's layout, and only there.
     assert sorted(p.name for p in weights_dir.iterdir()) == ["step_1", "step_2", "step_3"]

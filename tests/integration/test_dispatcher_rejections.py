@@ -1,4 +1,4 @@
-"""Every rejection of the dispatcher goes through `RunState.rejections`: a server that
+"""Every rejection of the dispatcher goes through `Dispatch.rejections`: a server that
 answers garbage to every request is counted per request, not asked again (it would answer
 the same), and logged at warning level with its reason at once, then once per interval.
 A real server on 127.0.0.1 answers."""
@@ -17,16 +17,16 @@ import structlog.testing
 import trio
 
 from orchestrator.config import load_config
-from orchestrator.core.environments import make_environment
 from orchestrator.core.rollouts import GroupResult
 from orchestrator.core.sink import TrainSink
 from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.dispatcher import Dispatcher
 from orchestrator.daemon.http11 import HTTP11Client
 from orchestrator.daemon.inference_client import encode_generate_request
-from orchestrator.daemon.run import sink_limits
-from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.run_state import RunState, Shipping
 from orchestrator.daemon.server_pool import ServerPool
+from orchestrator.daemon.settings import sink_limits
+from orchestrator.sim.environments import toy_environment
 from orchestrator.wire import InferenceFailure, build_generate_request
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
@@ -87,9 +87,9 @@ async def test_a_server_answering_garbage_is_counted_not_retried_and_logged_once
             'payload.mode="inline"',
         ],
     )
-    state = RunState(staleness=Staleness(2, 1), max_steps=0)
+    state = RunState(Staleness(2, 1), Shipping(0))
     send, _ = trio.open_memory_channel[GroupResult](1)
-    environment = make_environment(
+    environment = toy_environment(
         "math", prompt_len_min=4, prompt_len_max=8, vocab_size=100, max_turns=1
     )
     with (
@@ -126,10 +126,10 @@ async def test_a_server_answering_garbage_is_counted_not_retried_and_logged_once
     # Every request counted once, under its kind, in the counter the metrics and summary
     # read: a malformed reply is not asked for again, whatever `retries` says.
     attempts = TURNS
-    assert state.failures["malformed"] == attempts
-    assert state.rejections.counts is state.failures
+    assert state.dispatch.failures["malformed"] == attempts
+    assert state.dispatch.rejections.counts is state.dispatch.failures
     # The text the server kept sending is the most common error.
-    top = state.rejections.top_error()
+    top = state.dispatch.rejections.top_error()
     assert top is not None and top.kind == "malformed" and top.count == attempts
     # One warning line (the run took less than the 10 s interval), nothing per retry.
     lines = failure_lines(logs)

@@ -13,9 +13,10 @@ import pytest
 import trio
 
 import orchestrator.daemon.run as daemon_run
+from orchestrator.commands.launch import launch_run
 from orchestrator.config import Config, load_config
+from orchestrator.daemon import RunOutcome
 from orchestrator.daemon.payload_disk import tree_bytes
-from orchestrator.daemon.run import RunOutcome, run_daemon
 from orchestrator.daemon.run_state import RunState
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
@@ -60,35 +61,35 @@ async def test_a_run_walks_the_root_only_at_its_end_and_its_account_matches_the_
         async with trio.open_nursery() as nursery:
 
             async def daemon(task_status: trio.TaskStatus[RunState]) -> None:
-                outcome.append(await run_daemon(config, task_status=task_status))
+                outcome.append(await launch_run(config, task_status=task_status))
                 nursery.cancel_scope.cancel()
 
             state: RunState = await nursery.start(daemon)
-            bound = state.bound
+            bound = state.versions.collected_below
             while True:
                 await state.wait_changed()
-                assert state.payload_bytes == state.payload_account.bytes >= 0
-                if state.bound != bound:
-                    bound = state.bound
-                    peaks_at_collections.append((state.peak_payload_bytes, state.payload_bytes))
+                assert state.payload.bytes == state.payload.account.bytes >= 0
+                if state.versions.collected_below != bound:
+                    bound = state.versions.collected_below
+                    peaks_at_collections.append((state.payload.peak_bytes, state.payload.bytes))
 
     state = outcome[0].state
-    assert state.next_step == 6
+    assert state.shipping.next_step == 6
     # One walk, for the summary at the end; none while the run went on: neither after
     # each shipped batch nor by the collector after each policy update.
     assert walks == [str(config.payload_root)]
     assert measured_during_run == []
     assert peaks_at_collections, "no collection was observed"
     assert all(peak > 0 and peak >= after for peak, after in peaks_at_collections)
-    assert state.peak_payload_bytes > 0
-    assert state.bytes_written > 0
+    assert state.payload.peak_bytes > 0
+    assert state.payload.bytes_written > 0
     # Every file the account holds is on disk at that size, in a version not collected.
-    assert state.bound is not None
-    account = state.payload_account
+    assert state.versions.collected_below is not None
+    account = state.payload.account
     for (version, name), size in account.items():
-        assert version >= state.bound
+        assert version >= state.versions.collected_below
         assert (config.payload_root / f"v{version}" / name).stat().st_size == size
     _, on_disk = tree_bytes(config.payload_root)
     assert account.bytes <= on_disk
     # The summary's "at exit" figure is that walk's.
-    assert state.payload_bytes == on_disk
+    assert state.payload.bytes == on_disk

@@ -174,8 +174,8 @@ async def test_a_fresh_run_refuses_to_start_over_a_mount_point_it_cannot_wipe(
 ) -> None:
     # A fresh run's versions start again at v0: a bind-mounted v0 left by the wipe would
     # be written through by servers and refused by the daemon for every rollout.
+    from orchestrator.commands.launch import launch_run
     from orchestrator.config import load_config
-    from orchestrator.daemon.run import run_daemon
     from orchestrator.errors import UserError
 
     config = load_config(DEMO, [f'run_dir="{tmp_path / "run"}"', "max_steps=1"])
@@ -186,5 +186,5 @@ async def test_a_fresh_run_refuses_to_start_over_a_mount_point_it_cannot_wipe(
     (config.payload_root / "v0").mkdir()
     with bind_mount(outside, config.payload_root / "v0"):
         with pytest.raises(UserError, match=r"v0 \(mount point\)"):
-            await run_daemon(config)
+            await launch_run(config)
         assert (outside / "canary.txt").read_text() == "canary\n"

@@ -11,7 +11,7 @@ import structlog.testing
 import trio
 
 from orchestrator.config import Config
-from orchestrator.handoff.progress import load_progress
+from orchestrator.handoff import load_progress
 
 from .test_daemon import assert_invariants, demo_config, run_with_watch
 
@@ -52,9 +52,9 @@ async def test_an_overloaded_fleet_gets_a_lower_limit_and_the_run_keeps_its_inva
         assert entry["slack_used_p90"] > 0
     # Far more was allowed than two request slots turn around in a step: it came down.
     assert min(entry["limit"] for entry in decisions) < config.inference.max_inflight
-    assert outcome.state.inflight_limit == decisions[-1]["limit"]
+    assert outcome.state.limits.rollouts == decisions[-1]["limit"]
     progress = load_progress(config.state_dir)
-    assert progress is not None and progress.inflight_limit == outcome.state.inflight_limit
+    assert progress is not None and progress.inflight_limit == outcome.state.limits.rollouts
 
 
 @pytest.mark.slow
@@ -64,4 +64,4 @@ async def test_a_fixed_limit_stays_where_it_is_set(tmp_path: Path) -> None:
         outcome, _ = await run_with_watch(config)
     assert_invariants(config, outcome, 4)
     assert not [entry for entry in logs if entry["event"] == "inflight limit"]
-    assert outcome.state.inflight_limit == config.inference.max_inflight
+    assert outcome.state.limits.rollouts == config.inference.max_inflight

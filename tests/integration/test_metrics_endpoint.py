@@ -30,7 +30,7 @@ from orchestrator.daemon.metrics import (
     serve_metrics,
 )
 from orchestrator.daemon.metrics.endpoint import IDLE_DEADLINE_S
-from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.run_state import RunState, Shipping
 
 LIMITS = SinkLimits(
     batch_size=4,
@@ -102,18 +102,18 @@ async def raw_exchange(address: tuple[str, int], data: bytes, *, half_close: boo
 
 
 def _state() -> RunState:
-    return RunState(staleness=Staleness(1, 1), max_steps=0)
+    return RunState(Staleness(1, 1), Shipping(0))
 
 
 async def test_a_scraper_sees_counters_change_between_scrapes() -> None:
     state, sink = _state(), TrainSink(LIMITS)
-    state.rollouts["completed"] = 3
+    state.dispatch.rollouts["completed"] = 3
     registry = metrics_registry(state, sink, LoopStats(), CollectionTimes())
     async with metrics_server(registry) as address, scraper(address) as client:
         first = await client.get("/metrics")
-        state.rollouts["completed"] += 5
-        state.files_deleted["collection"] += 40
-        state.applied_version = 2
+        state.dispatch.rollouts["completed"] += 5
+        state.payload.files_deleted["collection"] += 40
+        state.versions.applied = 2
         second = await client.get("/metrics")
 
     for response in (first, second):

@@ -15,12 +15,20 @@ import numpy as np
 import pytest
 import trio
 
-import orchestrator.daemon.shipping as shipping_module
+from orchestrator.commands.launch import launch_run
 from orchestrator.commands.summary import check_invariants
 from orchestrator.config import Config, load_config
-from orchestrator.daemon.run import run_daemon
 from orchestrator.daemon.run_state import RunState
-from orchestrator.handoff import BATCH_FILE, TrainSample, read_batch, read_batch_file
+from orchestrator.handoff import (
+    BATCH_FILE,
+    HANDOFF_FORMATS,
+    HandoffSettings,
+    NativeFormat,
+    Shipment,
+    TrainSample,
+    read_batch,
+    read_batch_file,
+)
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 STEPS = 3
@@ -54,15 +62,15 @@ async def test_each_real_reply_form_trains_with_routing_and_keeps_every_invarian
         tmp_path / "run", form, mode, f"inference.disaggregated={str(disaggregated).lower()}"
     )
     with trio.fail_after(120):
-        outcome = await run_daemon(config)
-    assert outcome.state.next_step == STEPS + 1
-    assert outcome.state.failures["poisoned_payload"] == 0
+        outcome = await launch_run(config)
+    assert outcome.state.shipping.next_step == STEPS + 1
+    assert outcome.state.dispatch.failures["poisoned_payload"] == 0
     invariants = check_invariants(
         batches_dir=config.batches_dir,
         payload_root=config.payload_root,
         trainer_report=config.run_dir / "trainer" / "report.json",
         last_step=STEPS,
-        bound=outcome.state.bound,
+        bound=outcome.state.versions.collected_below,
     )
     assert all(invariant.held is True for invariant in invariants), invariants
     report = json.loads((config.run_dir / "trainer" / "report.json").read_text())
@@ -97,7 +105,7 @@ async def test_each_real_reply_form_trains_with_routing_and_keeps_every_invarian
 
 async def run_briefly(config: Config, seconds: float) -> RunState:
     async with trio.open_nursery() as nursery:
-        state: RunState = await nursery.start(run_daemon, config)
+        state: RunState = await nursery.start(launch_run, config)
         await trio.sleep(seconds)
         nursery.cancel_scope.cancel()
     return state
@@ -111,9 +119,9 @@ async def test_an_upstream_server_asked_for_files_is_refused_with_the_reason(
     # inline. Nothing may train on that, and the reason must say what to change.
     config = form_config(tmp_path / "run", "upstream", "by_handle")
     state = await run_briefly(config, 4)
-    assert state.next_step == 1
-    assert state.failures["poisoned_payload"] > 0
-    top = state.rejections.most_common("poisoned_payload", 1)
+    assert state.shipping.next_step == 1
+    assert state.dispatch.failures["poisoned_payload"] > 0
+    top = state.dispatch.rejections.most_common("poisoned_payload", 1)
     assert "payload_dir" in top[0][0], top
 
 
@@ -123,9 +131,9 @@ async def test_a_server_without_routing_capture_is_refused_with_the_reason(
 ) -> None:
     config = form_config(tmp_path / "run", "prime-rl", "inline", "sim.capture_routed_experts=false")
     state = await run_briefly(config, 4)
-    assert state.next_step == 1
-    assert state.failures["poisoned_payload"] > 0
-    top = state.rejections.most_common("poisoned_payload", 1)
+    assert state.shipping.next_step == 1
+    assert state.dispatch.failures["poisoned_payload"] > 0
+    top = state.dispatch.rejections.most_common("poisoned_payload", 1)
     assert "routed_experts" in top[0][0], top
 
 
@@ -134,22 +142,23 @@ def record_shipped_arrays(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str
     right after its batch is published: once the trainer has read a batch, its oldest
     payload versions are collected by design."""
     samples: dict[str, dict[str, Any]] = {}
-    publish = shipping_module.publish_batch_async
 
-    async def publish_then_read(
-        batches_dir: Path, step: int, train_samples: Sequence[TrainSample], **kwargs: Any
-    ) -> Path:
-        batch_dir = await publish(batches_dir, step, train_samples, **kwargs)
-        batch = await trio.to_thread.run_sync(lambda: read_batch(batch_dir, verify=True))
-        for sample in batch.samples:
-            samples[sample.rollout_id] = {
-                "token_ids": sample.token_ids,
-                "routed_experts": sample.routed_experts,
-                "sampling_mask": sample.sampling_mask,
-            }
-        return batch_dir
+    class PublishThenRead(NativeFormat):
+        # Runs in the daemon's shipping worker thread, before the step counts as shipped.
+        def ship(
+            self, settings: HandoffSettings, step: int, train_samples: Sequence[TrainSample]
+        ) -> Shipment:
+            shipment = super().ship(settings, step, train_samples)
+            batch = read_batch(shipment.path, verify=True)
+            for sample in batch.samples:
+                samples[sample.rollout_id] = {
+                    "token_ids": sample.token_ids,
+                    "routed_experts": sample.routed_experts,
+                    "sampling_mask": sample.sampling_mask,
+                }
+            return shipment
 
-    monkeypatch.setattr(shipping_module, "publish_batch_async", publish_then_read)
+    monkeypatch.setitem(HANDOFF_FORMATS, "native", PublishThenRead())
     return samples
 
 
@@ -166,9 +175,9 @@ async def test_pd_inline_and_by_handle_ship_bitwise_equal_tensors(
         with monkeypatch.context() as patch:
             samples = record_shipped_arrays(patch)
             with trio.fail_after(120):
-                outcome = await run_daemon(config)
-        assert outcome.state.next_step == STEPS + 1
-        assert outcome.state.failures["poisoned_payload"] == 0
+                outcome = await launch_run(config)
+        assert outcome.state.shipping.next_step == STEPS + 1
+        assert outcome.state.dispatch.failures["poisoned_payload"] == 0
         assert len(samples) == STEPS * 16
         shipped[mode] = samples
     both = shipped["inline"].keys() & shipped["by_handle"].keys()

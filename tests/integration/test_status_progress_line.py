@@ -11,8 +11,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.handoff import PROGRESS_FILE, Progress, load_progress, save_progress
-from orchestrator.handoff.progress import ProgressLine
+from orchestrator.handoff import (
+    PROGRESS_FILE,
+    Progress,
+    ProgressLine,
+    load_progress,
+    save_progress,
+)
 
 # What a daemon from before the progress line wrote.
 OLD_PROGRESS = {

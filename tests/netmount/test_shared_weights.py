@@ -19,10 +19,14 @@ import trio
 
 from orchestrator.config import Config, InferenceConfig, TrainerConfig
 from orchestrator.daemon.policy import PolicyWatcher
-from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.run_state import RunState, Shipping
 from orchestrator.daemon.server_pool import ServerPool
-from orchestrator.handoff import STABLE_MARKER, publish_weights, published_versions
-from orchestrator.handoff.weights import newest_published_version
+from orchestrator.handoff import (
+    STABLE_MARKER,
+    newest_published_version,
+    publish_weights,
+    published_versions,
+)
 
 A = "http://a:1"
 
@@ -79,7 +83,7 @@ async def test_the_policy_watcher_applies_another_hosts_version_at_its_next_prob
         pass
 
     # Batches 1 and 2 have shipped.
-    state = RunState(staleness=config.staleness, max_steps=0, next_step=3)
+    state = RunState(config.staleness, Shipping(0, next_step=3))
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
         watcher = PolicyWatcher(
             config=config,
@@ -91,10 +95,10 @@ async def test_the_policy_watcher_applies_another_hosts_version_at_its_next_prob
         )
         for step in (1, 2):
             await watcher.check_for_new_version()
-            assert state.applied_version == step - 1
+            assert state.versions.applied == step - 1
             # A listing, as a polling watcher makes, just before the trainer publishes.
             assert published_versions(config.weights_dir, above=step - 1) == []
             publish_weights(server_side(config.weights_dir), step, fsync=False)
             await watcher.check_for_new_version()
-            assert state.applied_version == step
+            assert state.versions.applied == step
     assert loaded == ["step_000001", "step_000002"]

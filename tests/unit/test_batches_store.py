@@ -119,7 +119,9 @@ def test_a_crash_mid_publish_leaves_no_visible_batch(tmp_path: Path) -> None:
 
 def test_a_failed_write_removes_the_temp_dir(tmp_path: Path) -> None:
     with (
-        mock.patch("orchestrator.handoff.store.write_layout", side_effect=OSError(28, "full")),
+        mock.patch(
+            "orchestrator.handoff.native.store.write_layout", side_effect=OSError(28, "full")
+        ),
         pytest.raises(OSError, match="full"),
     ):
         publish_batch(tmp_path, 6, [sample()])

@@ -13,7 +13,7 @@ from payload_gc import min_fresh_version
 from orchestrator.core.staleness import Staleness
 from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon.dispatcher import Dispatcher, RolloutRun
-from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.run_state import RunState, Shipping, Versions
 from orchestrator.payload import PayloadSegment
 
 DIGEST = "0" * 32
@@ -35,10 +35,15 @@ def run_with_missing_file(root: Path, version: int) -> RolloutRun:
 
 
 def dispatcher(state: RunState, root: Path) -> Dispatcher:
-    # Only the payload root, the state and the file limiter take part in the check.
+    # Only the payload root, the state and the file limiter take part in the check (and
+    # the staleness and batch shape the dispatcher's gate is built from).
     unused: Any = None
     config: Any = SimpleNamespace(
-        payload_root=root, by_handle=True, payload=SimpleNamespace(fields=())
+        payload_root=root,
+        by_handle=True,
+        payload=SimpleNamespace(fields=()),
+        staleness=state.staleness,
+        batch=SimpleNamespace(size=4, group_size=2),
     )
     return Dispatcher(
         config, state, unused, unused, unused, unused, trio.CapacityLimiter(1), unused
@@ -46,10 +51,10 @@ def dispatcher(state: RunState, root: Path) -> Dispatcher:
 
 
 async def test_a_missing_file_in_a_live_version_poisons_the_rollout(tmp_path: Path) -> None:
-    state = RunState(staleness=Staleness(MAX_OFF_POLICY, 1), max_steps=0)
+    state = RunState(Staleness(MAX_OFF_POLICY, 1), Shipping(0))
     run = run_with_missing_file(tmp_path, version=0)
     await dispatcher(state, tmp_path)._check_files([run])
-    assert state.failures["poisoned_payload"] == 1
+    assert state.dispatch.failures["poisoned_payload"] == 1
     poisoned = run.turns[0][1].poisoned
     assert poisoned is not None and "gone.bin" in poisoned
 
@@ -57,9 +62,9 @@ async def test_a_missing_file_in_a_live_version_poisons_the_rollout(tmp_path: Pa
 async def test_a_version_under_collection_is_stale_not_poisoned(tmp_path: Path) -> None:
     # Version 6 applied: its collection removes everything below the bound, v3 included,
     # and may be under way while the group's files are checked.
-    state = RunState(staleness=Staleness(MAX_OFF_POLICY, 1), max_steps=0, applied_version=6)
-    assert state.collection_bound == min_fresh_version(7, MAX_OFF_POLICY) > 3
+    state = RunState(Staleness(MAX_OFF_POLICY, 1), Shipping(0), versions=Versions(applied=6))
+    assert state.collecting_below == min_fresh_version(7, MAX_OFF_POLICY) > 3
     run = run_with_missing_file(tmp_path, version=3)
     await dispatcher(state, tmp_path)._check_files([run])
-    assert state.failures["poisoned_payload"] == 0
+    assert state.dispatch.failures["poisoned_payload"] == 0
     assert run.turns[0][1].poisoned is None

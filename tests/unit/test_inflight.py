@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchestrator.core.admission import DispatchGate, Pipe
 from orchestrator.core.inflight import (
     MIN_GROUPS_PER_DECISION,
     InflightLimit,
     InflightMode,
 )
 from orchestrator.core.staleness import Staleness
-from orchestrator.daemon.dispatcher import Dispatcher
-from orchestrator.daemon.run_state import RunState
 
 GROUP = 8
 
@@ -212,21 +209,19 @@ def test_the_dispatcher_holds_only_up_to_what_a_caught_up_trainer_gives() -> Non
     `m`: once the trainer has caught up (next_step = applied + 1) the allowance is `m`,
     so even a hold above it lets dispatch go on."""
     staleness = Staleness(2, 2)
-    state = RunState(staleness=staleness, max_steps=0, applied_version=5, next_step=8)
-    config: Any = SimpleNamespace(staleness=staleness, by_handle=False, payload=None)
-    unused: Any = None
-    gate = Dispatcher(config, state, unused, unused, unused, unused, unused, unused)
+    gate = DispatchGate(staleness, batch_size=16, group_size=4)
     # At the gate's furthest (next_step = applied + 1 + a): no batch to spare.
-    assert gate._allowance() == 0
-    assert gate._enough_allowance(gate._allowance())
-    state.min_allowance = 1
-    assert not gate._enough_allowance(gate._allowance())
+    assert staleness.allowance(5, 8) == 0
+    assert gate.enough_allowance(staleness.allowance(5, 8), 0)
+    assert not gate.enough_allowance(staleness.allowance(5, 8), 1)
     # A version applied: one batch to spare.
-    state.applied_version = 6
-    assert gate._enough_allowance(gate._allowance())
+    assert gate.enough_allowance(staleness.allowance(6, 8), 1)
     # Caught up, and a hold far above m: still dispatching.
-    state.applied_version, state.min_allowance = 7, 10
-    assert gate._enough_allowance(gate._allowance())
+    assert gate.enough_allowance(staleness.allowance(7, 8), 10)
+    pipe = Pipe(applied_version=5, next_step=8, inflight_rollouts=0, queued_samples=0, limit=64)
+    assert gate.may_start(pipe)
+    assert not gate.may_start(attrs.evolve(pipe, min_allowance=1))
+    assert gate.may_start(attrs.evolve(pipe, applied_version=7, min_allowance=10))
 
 
 @pytest.mark.parametrize(
@@ -245,22 +240,17 @@ def test_the_dispatcher_holds_only_up_to_what_a_caught_up_trainer_gives() -> Non
 def test_work_in_the_pipe_is_bounded_by_the_batches_a_new_group_can_still_go_into(
     limits: tuple[int, int], next_step: int, fresh_batches: int
 ) -> None:
-    staleness = Staleness(*limits)
-    state = RunState(staleness=staleness, max_steps=0, applied_version=5, next_step=next_step)
-    assert state.may_start_groups()
-    sink: Any = SimpleNamespace(queued_samples=0)
-    config: Any = SimpleNamespace(
-        staleness=staleness,
-        by_handle=False,
-        payload=None,
-        batch=SimpleNamespace(size=16, group_size=4),
-        inference=SimpleNamespace(max_inflight=1000),
-    )
-    unused: Any = None
-    gate = Dispatcher(config, state, unused, unused, unused, sink, unused, unused)
+    gate = DispatchGate(Staleness(*limits), batch_size=16, group_size=4)
     # What is queued and what is in flight count alike; the last group that fits starts.
-    state.inflight_rollouts = 16 * fresh_batches - 1 - 8
-    sink.queued_samples = 8
-    assert gate._may_start()
-    state.inflight_rollouts += 1
-    assert not gate._may_start()
+    pipe = Pipe(
+        applied_version=5,
+        next_step=next_step,
+        inflight_rollouts=16 * fresh_batches - 1 - 8,
+        queued_samples=8,
+        limit=1000,
+    )
+    assert gate.may_start(pipe)
+    assert not gate.may_start(attrs.evolve(pipe, inflight_rollouts=pipe.inflight_rollouts + 1))
+    # Nothing starts once the run is ending, or above the in-flight limit.
+    assert not gate.may_start(attrs.evolve(pipe, ending=True))
+    assert not gate.may_start(attrs.evolve(pipe, limit=pipe.inflight_rollouts + 3))

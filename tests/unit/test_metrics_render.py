@@ -19,7 +19,7 @@ from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult, Samp
 from orchestrator.core.sink import SinkLimits, TrainSink
 from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.metrics import CollectionTimes, LoopStats, metrics_registry
-from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.run_state import RunState, Shipping
 
 # -- a small parser for the text exposition format 0.0.4 ----------------------------------
 
@@ -141,20 +141,20 @@ def busy_sink() -> TrainSink:
 
 
 def busy_state() -> RunState:
-    state = RunState(staleness=Staleness(1, 1), max_steps=0)
-    state.applied_version = 3
-    state.next_step = 6
-    state.bound = 2
-    state.inflight_rollouts = 7
-    state.inflight_limit = 40
-    state.rollouts.update(completed=40, failed=2, poisoned=1)
-    state.failures.update(connect=2, poisoned_payload=1)
-    state.files_deleted.update(discard=11, sweep=3, collection=120)
-    state.bytes_deleted.update(discard=1100, sweep=300, collection=12_000_000)
-    state.files_written = 150
-    state.bytes_written = 15_000_000
-    state.record_payload_bytes(9_000_000)
-    state.record_payload_bytes(2_500_000)
+    state = RunState(Staleness(1, 1), Shipping(0))
+    state.versions.applied = 3
+    state.shipping.next_step = 6
+    state.versions.collected_below = 2
+    state.dispatch.inflight_rollouts = 7
+    state.limits.rollouts = 40
+    state.dispatch.rollouts.update(completed=40, failed=2, poisoned=1)
+    state.dispatch.failures.update(connect=2, poisoned_payload=1)
+    state.payload.files_deleted.update(discard=11, sweep=3, collection=120)
+    state.payload.bytes_deleted.update(discard=1100, sweep=300, collection=12_000_000)
+    state.payload.files_written = 150
+    state.payload.bytes_written = 15_000_000
+    state.payload.record_measured(9_000_000)
+    state.payload.record_measured(2_500_000)
     return state
 
 
@@ -231,15 +231,15 @@ def test_every_family_is_present_with_help_and_type() -> None:
 
 def test_counters_by_label_equal_the_state() -> None:
     state, _, families = _render_busy()
-    for outcome, count in state.rollouts.items():
+    for outcome, count in state.dispatch.rollouts.items():
         assert value(families, "orchestrator_rollouts_total", outcome=outcome) == count
-    for kind, count in state.failures.items():
+    for kind, count in state.dispatch.failures.items():
         assert value(families, "orchestrator_rollout_failures_total", kind=kind) == count
     for path in ("discard", "sweep", "collection"):
         files = value(families, "orchestrator_payload_files_deleted_total", path=path)
-        assert files == state.files_deleted[path]
+        assert files == state.payload.files_deleted[path]
         freed = value(families, "orchestrator_payload_bytes_deleted_total", path=path)
-        assert freed == state.bytes_deleted[path]
+        assert freed == state.payload.bytes_deleted[path]
     assert value(families, "orchestrator_payload_bytes_deleted_total", path="collection") == (
         12_000_000
     )
@@ -260,7 +260,7 @@ def test_every_discard_reason_is_reported_with_the_sink_counts() -> None:
 
 
 def test_a_new_sink_reports_every_discard_reason_at_zero() -> None:
-    state = RunState(staleness=Staleness(1, 1), max_steps=0)
+    state = RunState(Staleness(1, 1), Shipping(0))
     families = parse_exposition(render_metrics(state, TrainSink(LIMITS)))
     samples = families["orchestrator_discards_total"].samples
     assert {dict(labels)["reason"]: count for (_, labels), count in samples.items()} == {
@@ -271,19 +271,21 @@ def test_a_new_sink_reports_every_discard_reason_at_zero() -> None:
 def test_plain_figures_equal_the_state_and_sink() -> None:
     state, sink, families = _render_busy()
     written = value(families, "orchestrator_payload_files_written_total")
-    assert written == state.files_written == 150
+    assert written == state.payload.files_written == 150
     written = value(families, "orchestrator_payload_bytes_written_total")
-    assert written == state.bytes_written == 15_000_000
-    assert value(families, "orchestrator_payload_disk_bytes") == state.payload_bytes == 2_500_000
+    assert written == state.payload.bytes_written == 15_000_000
+    assert value(families, "orchestrator_payload_disk_bytes") == state.payload.bytes == 2_500_000
     peak = value(families, "orchestrator_payload_disk_peak_bytes")
-    assert peak == state.peak_payload_bytes == 9_000_000
-    assert value(families, "orchestrator_applied_version") == state.applied_version == 3
-    assert value(families, "orchestrator_step") == state.next_step - 1 == 5
-    assert value(families, "orchestrator_collection_bound") == state.bound == 2
+    assert peak == state.payload.peak_bytes == 9_000_000
+    assert value(families, "orchestrator_applied_version") == state.versions.applied == 3
+    assert value(families, "orchestrator_step") == state.shipping.next_step - 1 == 5
+    assert value(families, "orchestrator_collection_bound") == state.versions.collected_below == 2
     # next_step - 1 - applied_version
     assert value(families, "orchestrator_staleness_steps") == 6 - 1 - 3
-    assert value(families, "orchestrator_inflight_rollouts") == state.inflight_rollouts == 7
-    assert value(families, "orchestrator_inflight_limit") == state.inflight_limit == 40
+    assert (
+        value(families, "orchestrator_inflight_rollouts") == state.dispatch.inflight_rollouts == 7
+    )
+    assert value(families, "orchestrator_inflight_limit") == state.limits.rollouts == 40
     assert value(families, "orchestrator_queued_samples") == sink.queued_samples == 2
     assert value(families, "orchestrator_samples_shipped_total") == sink.shipped == 2
 
@@ -315,7 +317,7 @@ def test_histograms_are_cumulative_and_end_with_inf() -> None:
 
 
 def test_unknown_figures_are_announced_without_a_sample() -> None:
-    state = RunState(staleness=Staleness(1, 1), max_steps=0)
+    state = RunState(Staleness(1, 1), Shipping(0))
     families = parse_exposition(render_metrics(state, TrainSink(LIMITS)))
     for name in (
         "orchestrator_collection_bound",  # no collection yet
@@ -332,9 +334,9 @@ def test_unknown_figures_are_announced_without_a_sample() -> None:
 
 
 def test_label_values_are_escaped() -> None:
-    state = RunState(staleness=Staleness(1, 1), max_steps=0)
+    state = RunState(Staleness(1, 1), Shipping(0))
     nasty = 'say "hi"\\now\nnext line'
-    state.failures[nasty] = 4
+    state.dispatch.failures[nasty] = 4
     text = render_metrics(state, TrainSink(LIMITS))
     assert 'kind="say \\"hi\\"\\\\now\\nnext line"} 4.0\n' in text
     families = parse_exposition(text)
@@ -344,8 +346,8 @@ def test_label_values_are_escaped() -> None:
 @settings(max_examples=60)
 @given(kinds=st.dictionaries(st.text(max_size=12), st.integers(0, 2**53), max_size=5))
 def test_any_label_value_survives_a_round_trip(kinds: dict[str, int]) -> None:
-    state = RunState(staleness=Staleness(1, 1), max_steps=0)
-    state.failures = Counter(kinds)
+    state = RunState(Staleness(1, 1), Shipping(0))
+    state.dispatch.failures = Counter(kinds)
     families = parse_exposition(render_metrics(state, TrainSink(LIMITS)))
     for kind, count in kinds.items():
         assert value(families, "orchestrator_rollout_failures_total", kind=kind) == count
@@ -353,7 +355,7 @@ def test_any_label_value_survives_a_round_trip(kinds: dict[str, int]) -> None:
 
 def test_each_registry_reads_its_own_run_and_the_global_registry_is_untouched() -> None:
     # Tests start several daemons in one process: each has a registry of its own.
-    first, second = busy_state(), RunState(staleness=Staleness(1, 1), max_steps=0)
+    first, second = busy_state(), RunState(Staleness(1, 1), Shipping(0))
     first_times, second_times = CollectionTimes(), CollectionTimes()
     first_times.observe_collection(1.0)
     registries = [
@@ -373,8 +375,8 @@ def test_a_scrape_reads_the_state_at_scrape_time() -> None:
     registry = metrics_registry(state, sink, LoopStats(), CollectionTimes())
     completed = ("orchestrator_rollouts_total", {"outcome": "completed"})
     assert registry.get_sample_value(*completed) == 40
-    state.rollouts["completed"] += 100
-    state.applied_version += 1
+    state.dispatch.rollouts["completed"] += 100
+    state.versions.applied += 1
     assert registry.get_sample_value(*completed) == 140
     assert registry.get_sample_value("orchestrator_applied_version") == 4
     assert registry.get_sample_value("orchestrator_staleness_steps") == 6 - 1 - 4

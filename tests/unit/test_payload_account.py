@@ -10,15 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from payload_gc import FileRemoval
 
-from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.payload_account import PayloadAccount, payload_file_key
-from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.run_state import PayloadLedger
 
 ROOT = Path("/runs/x/payloads")
-
-
-def _state() -> RunState:
-    return RunState(staleness=Staleness(max_off_policy_steps=2, max_async_steps=1), max_steps=0)
 
 
 def test_payload_file_key_takes_only_the_daemons_own_paths() -> None:
@@ -45,47 +40,48 @@ def test_files_enter_once_and_leave_by_discard_or_collection() -> None:
 
 
 def test_the_peak_is_the_account_right_before_a_collection() -> None:
-    state = _state()
-    state.record_written({(0, "a"): 1000, (0, "b"): 500})
-    state.record_written({(1, "c"): 300})
-    assert (state.payload_bytes, state.peak_payload_bytes) == (1800, 1800)
-    state.record_collected(1)
-    assert (state.payload_bytes, state.peak_payload_bytes) == (300, 1800)
-    assert (state.files_written, state.bytes_written) == (3, 1800)
-    state.record_written({(1, "d"): 2000})
-    assert state.peak_payload_bytes == 2300
+    ledger = PayloadLedger()
+    ledger.record_written({(0, "a"): 1000, (0, "b"): 500}, collected_below=None)
+    ledger.record_written({(1, "c"): 300}, collected_below=None)
+    assert (ledger.bytes, ledger.peak_bytes) == (1800, 1800)
+    ledger.record_collected(1)
+    assert (ledger.bytes, ledger.peak_bytes) == (300, 1800)
+    assert (ledger.files_written, ledger.bytes_written) == (3, 1800)
+    ledger.record_written({(1, "d"): 2000}, collected_below=None)
+    assert ledger.peak_bytes == 2300
 
 
 def test_discards_take_out_what_they_deleted_and_nothing_else() -> None:
-    state = _state()
-    state.record_written({(4, "a.bin"): 10, (4, "b.bin"): 20, (4, "c.bin"): 40})
+    ledger = PayloadLedger()
+    ledger.record_written(
+        {(4, "a.bin"): 10, (4, "b.bin"): 20, (4, "c.bin"): 40}, collected_below=None
+    )
     paths = [f"{ROOT}/v4/a.bin", f"{ROOT}/v4/b.bin", f"{ROOT}/v4/unchecked.bin", "/else/x"]
     # b.bin could not be deleted: it stays on disk, and in the account.
     removal = FileRemoval(2, 10, ("b.bin: Permission denied",), 1, left=((4, "b.bin"),))
-    state.record_files_deleted(ROOT, paths, removal)
-    assert state.payload_bytes == 60
-    assert sorted(state.payload_account.versions()) == [4]
-    assert state.payload_account.version_bytes(4) == 60
+    ledger.record_files_deleted(ROOT, paths, removal, reason="discard")
+    assert ledger.bytes == 60
+    assert sorted(ledger.account.versions()) == [4]
+    assert ledger.account.version_bytes(4) == 60
 
 
 def test_a_check_that_ends_after_its_version_was_collected_adds_nothing() -> None:
-    state = _state()
-    state.record_written({(3, "a"): 10})
-    state.bound = 4
-    state.record_collected(4)
+    ledger = PayloadLedger()
+    ledger.record_written({(3, "a"): 10}, collected_below=None)
+    ledger.record_collected(4)
     # The check stat-ed v3's file just before the collection removed it.
-    state.record_written({(3, "late"): 99, (4, "new"): 5})
-    assert state.payload_bytes == 5
-    assert state.payload_account.versions() == [4]
-    assert state.bytes_written == 10 + 99 + 5
+    ledger.record_written({(3, "late"): 99, (4, "new"): 5}, collected_below=4)
+    assert ledger.bytes == 5
+    assert ledger.account.versions() == [4]
+    assert ledger.bytes_written == 10 + 99 + 5
 
 
 def test_a_version_the_collection_could_not_delete_stays_counted() -> None:
-    state = _state()
-    state.record_written({(1, "a"): 10, (2, "b"): 20, (3, "c"): 40})
-    state.record_collected(3, failed=[2])
-    assert state.payload_account.versions() == [2, 3]
-    assert state.payload_bytes == 60
+    ledger = PayloadLedger()
+    ledger.record_written({(1, "a"): 10, (2, "b"): 20, (3, "c"): 40}, collected_below=None)
+    ledger.record_collected(3, failed=[2])
+    assert ledger.account.versions() == [2, 3]
+    assert ledger.bytes == 60
 
 
 OPS = st.lists(
@@ -112,27 +108,27 @@ OPS = st.lists(
 @given(ops=OPS)
 def test_the_account_is_what_a_model_of_the_disk_holds(ops: list[tuple[str, object]]) -> None:
     """Against a model of the disk: the files written, minus those deleted."""
-    state = _state()
+    ledger = PayloadLedger()
     disk: dict[tuple[int, str], int] = {}
+    bound: int | None = None
     peak_before_collections = 0
     for op, arg in ops:
         if op == "write":
             assert isinstance(arg, dict)
-            fresh = {k: v for k, v in arg.items() if state.bound is None or k[0] >= state.bound}
-            disk.update(fresh)
-            state.record_written(arg)
+            disk.update({k: v for k, v in arg.items() if bound is None or k[0] >= bound})
+            ledger.record_written(arg, collected_below=bound)
         elif op == "discard":
             assert isinstance(arg, list)
             paths = [f"{ROOT}/v{v}/{name}" for v, name in arg]
             for key in arg:
                 disk.pop(key, None)
-            state.record_files_deleted(ROOT, paths, FileRemoval(0, 0))
+            ledger.record_files_deleted(ROOT, paths, FileRemoval(0, 0), reason="discard")
         else:
             assert isinstance(arg, int)
-            peak_before_collections = max(peak_before_collections, state.payload_bytes)
-            state.bound = arg if state.bound is None else max(state.bound, arg)
+            peak_before_collections = max(peak_before_collections, ledger.bytes)
+            bound = arg if bound is None else max(bound, arg)
             disk = {k: v for k, v in disk.items() if k[0] >= arg}
-            state.record_collected(arg)
-        assert state.payload_bytes == sum(disk.values())
-        assert state.payload_account.files == len(disk)
-        assert state.peak_payload_bytes >= max(peak_before_collections, state.payload_bytes)
+            ledger.record_collected(arg)
+        assert ledger.bytes == sum(disk.values())
+        assert ledger.account.files == len(disk)
+        assert ledger.peak_bytes >= max(peak_before_collections, ledger.bytes)

@@ -18,9 +18,10 @@ from orchestrator.handoff.primerl import (
     RoutedExperts,
     decode_rank_file,
     publish_primerl_step,
+    ranks_ready,
+    read_primerl_step,
 )
 from orchestrator.payload import stitch_routing, write_payload_file
-from orchestrator.sim.primerl_reader import ranks_ready, read_primerl_step
 
 LAYERS, TOP_K = 2, 2
 

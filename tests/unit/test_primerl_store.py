@@ -21,8 +21,7 @@ from orchestrator.core.sink import SinkLimits, TrainSink
 from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.startup import find_start_point
 from orchestrator.errors import UserError
-from orchestrator.handoff import BatchExists
-from orchestrator.handoff.formats import shipped_steps_in
+from orchestrator.handoff import BatchExists, shipped_steps_in
 from orchestrator.handoff.primerl import (
     MANIFEST_FILE,
     MANIFEST_FORMAT,

@@ -15,11 +15,11 @@ import trio.testing
 from orchestrator.core.rollouts import Discard
 from orchestrator.daemon.progress_report import (
     ProgressReporter,
-    Tally,
     progress_line,
     serve_progress_report,
 )
-from orchestrator.daemon.stall import DISCARD_HINTS, Figures, StallWatch
+from orchestrator.daemon.run_snapshot import RunSnapshot
+from orchestrator.daemon.stall import DISCARD_HINTS, StallWatch
 
 NO_DISCARDS = dict.fromkeys((d.value for d in Discard), 0)
 
@@ -33,8 +33,8 @@ def tally(
     failures: dict[str, int] | None = None,
     idle: bool = False,
     limit: int = 96,
-) -> Tally:
-    figures = Figures(
+) -> RunSnapshot:
+    return RunSnapshot(
         step=3,
         queued=queued,
         needed=16,
@@ -43,8 +43,10 @@ def tally(
         idle=idle,
         discards={**NO_DISCARDS, **(discards or {})},
         failures=failures or {},
+        inflight=inflight,
+        completed=completed,
+        inflight_limit=limit,
     )
-    return Tally(figures, inflight=inflight, completed=completed, inflight_limit=limit)
 
 
 # -- the line's fields ---------------------------------------------------------------------
@@ -137,7 +139,7 @@ def test_nothing_left_to_ship_logs_no_line_but_moves_the_baseline() -> None:
 def test_the_line_and_the_stall_warning_name_the_same_things() -> None:
     start, now = tally(), tally(discards={"untrainable": 4512}, failures={"malformed": 903})
     watch = StallWatch(stall_s=60.0, started_at=0.0)
-    warning = watch.check(60.0, now.figures)
+    warning = watch.check(60.0, now)
     reporter = ProgressReporter(60.0)
     reporter.start(0.0, start)
     line = reporter.check(60.0, now)

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from orchestrator.core.staleness import Staleness
-from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.run_state import RunState, Shipping, Versions
 from orchestrator.daemon.server_pool import (
     InferenceUnavailable,
     ProbeSettings,
@@ -23,7 +23,7 @@ A, B = "http://a:1", "http://b:2"
 
 
 def applied(version: int) -> RunState:
-    return RunState(staleness=Staleness(), max_steps=0, applied_version=version)
+    return RunState(Staleness(), Shipping(0), versions=Versions(applied=version))
 
 
 def settings(tmp_path: Path, deadline: float = 30.0) -> ProbeSettings:

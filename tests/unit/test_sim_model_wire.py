@@ -9,16 +9,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from orchestrator.sim import Fault, FaultRates, SamplingParams, SimModel, sample_completion
+from orchestrator.reply_form_names import REPLY_FORM_NAMES
+from orchestrator.sim import (
+    REPLY_FORMS,
+    Fault,
+    FaultRates,
+    SamplingParams,
+    SimModel,
+    sample_completion,
+)
 from orchestrator.sim._faults import draw_fault
 from orchestrator.sim._response import (
     TRAVERSAL_FILE_NAME,
     corrupt_segment,
     error_body,
-    narrow_routing,
-    primerl_choice,
     render_response,
-    upstream_choice,
 )
 from orchestrator.sim._wire import (
     GENERATE_REQUEST_KEYS,
@@ -27,6 +32,8 @@ from orchestrator.sim._wire import (
     parse_generate_request,
     parse_weight_update,
 )
+from orchestrator.sim.reply_forms.primerl import PRIME_RL, PrimeRLByHandle, narrow_routing
+from orchestrator.sim.reply_forms.upstream import UPSTREAM
 from orchestrator.wire import REQUEST_KEYS, SAMPLING_KEYS, parse_generate_response
 
 MODEL = SimModel()
@@ -210,8 +217,12 @@ def test_prime_rl_and_upstream_choices_parse_to_the_same_turn(start: int) -> Non
     narrowed = narrow_routing(ids)
     assert narrowed.dtype == np.uint8
     mask = completion.sampling_mask
-    primerl = primerl_choice(0, completion, logprobs=True, routing=(narrowed, start), mask=mask)
-    upstream = upstream_choice(0, completion, logprobs=True, routing=ids, mask=mask)
+    primerl = PRIME_RL.inline_choice(
+        0, completion, logprobs=True, routing=ids, routing_start=start, mask=mask
+    )
+    upstream = UPSTREAM.inline_choice(
+        0, completion, logprobs=True, routing=ids, routing_start=start, mask=mask
+    )
     assert list(primerl) == [
         "index",
         "token_ids",
@@ -256,26 +267,45 @@ def test_routing_narrows_only_when_every_id_fits() -> None:
 
 def test_nothing_captured_or_asked_is_null() -> None:
     completion = _completion()
-    primerl = primerl_choice(1, completion, logprobs=False)
+    primerl = PRIME_RL.inline_choice(
+        1, completion, logprobs=False, routing=None, routing_start=0, mask=None
+    )
     assert primerl["index"] == 1
     for key in ("logprobs", "completion_logprobs", "routed_experts", "sampling_mask", "payload"):
         assert primerl[key] is None, key
     assert "payload_error" not in primerl
-    upstream = upstream_choice(1, completion, logprobs=False)
+    upstream = UPSTREAM.inline_choice(
+        1, completion, logprobs=False, routing=None, routing_start=0, mask=None
+    )
     for key in ("logprobs", "routed_experts", "sampling_mask"):
         assert upstream[key] is None, key
     assert "payload" not in upstream
 
 
+def test_the_registry_holds_one_form_for_each_name() -> None:
+    # The config checks `[sim] reply_form` against the names; the server looks them up.
+    assert tuple(REPLY_FORMS) == REPLY_FORM_NAMES
+    assert [form.name for form in REPLY_FORMS.values()] == list(REPLY_FORM_NAMES)
+    assert REPLY_FORMS["prime-rl"].by_handle is not None
+    assert REPLY_FORMS["upstream"].by_handle is None  # upstream ignores payload_dir
+
+
 def test_payload_error_choice() -> None:
-    choice = primerl_choice(0, _completion(), logprobs=True, payload_error="disk full")
+    choice = PrimeRLByHandle().choice(
+        0, _completion(), logprobs=True, payload=None, payload_error="disk full"
+    )
     assert choice["payload"] is None
     assert choice["payload_error"] == "disk full"
 
 
 def test_response_has_vllms_keys_and_usage() -> None:
     completion = _completion()
-    choices = [primerl_choice(i, completion, logprobs=True) for i in range(2)]
+    choices = [
+        PRIME_RL.inline_choice(
+            i, completion, logprobs=True, routing=None, routing_start=0, mask=None
+        )
+        for i in range(2)
+    ]
     response = render_response("req", choices, 30)
     assert list(response) == [
         "request_id",

@@ -32,3 +32,17 @@ def test_the_bounds_follow_the_two_limits() -> None:
 def test_limits_out_of_range_are_rejected(m: int, a: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Staleness(m, a)
+
+
+@pytest.mark.parametrize(("m", "a"), [(0, 0), (2, 1), (2, 2), (5, 3)])
+def test_fresh_and_allowance_agree_with_the_bound(m: int, a: int) -> None:
+    """`is_fresh` is `min_fresh_version` read the other way round, and the allowance is
+    how many batches after `step` are still fresh for the group."""
+    staleness = Staleness(m, a)
+    for start_version in range(0, 8):
+        for step in range(1, 14):
+            fresh = start_version >= staleness.min_fresh_version(step)
+            assert staleness.is_fresh(start_version, step) is fresh
+            allowance = staleness.allowance(start_version, step)
+            later_fresh = [s for s in range(step + 1, 20) if staleness.is_fresh(start_version, s)]
+            assert max(allowance, 0) == len(later_fresh) or not fresh

@@ -11,7 +11,8 @@ import trio
 import trio.testing
 
 from orchestrator.daemon.rejections import TopError
-from orchestrator.daemon.stall import Figures, StallWatch, most_discarded, serve_stall_watch
+from orchestrator.daemon.run_snapshot import RunSnapshot
+from orchestrator.daemon.stall import StallWatch, most_discarded, serve_stall_watch
 
 
 def figures(
@@ -21,8 +22,8 @@ def figures(
     texts: dict[tuple[str, str], int] | None = None,
     idle: bool = False,
     gate_open: bool = True,
-) -> Figures:
-    return Figures(
+) -> RunSnapshot:
+    return RunSnapshot(
         step=3,
         queued=5,
         needed=16,

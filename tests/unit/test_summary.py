@@ -13,7 +13,7 @@ from orchestrator.commands.summary import (
     summary_data,
 )
 from orchestrator.core.staleness import Staleness
-from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.run_state import RunState, Shipping
 from orchestrator.handoff import TrainSample, publish_batch
 
 
@@ -53,7 +53,7 @@ def test_each_broken_invariant_is_reported(tmp_path: Path) -> None:
     invariants = check_invariants(**paths, last_step=3, bound=2)
     assert [i.held for i in invariants] == [False, False, False]
     assert "left below v2: [0, 1]" in invariants[2].detail
-    state = RunState(staleness=Staleness(2, 1), max_steps=3)
+    state = RunState(Staleness(2, 1), Shipping(3))
     data = summary_data(state, {"stale": 1}, invariants, duration_s=1.0, first_step=1)
     assert not invariants_hold(data)
     text = render_summary(data)
@@ -65,7 +65,7 @@ def test_no_trainer_report_is_not_a_failure(tmp_path: Path) -> None:
     paths["trainer_report"].unlink()
     invariants = check_invariants(**paths, last_step=1, bound=None)
     assert [i.held for i in invariants] == [True, None, None]
-    state = RunState(staleness=Staleness(2, 1), max_steps=1)
+    state = RunState(Staleness(2, 1), Shipping(1))
     assert invariants_hold(summary_data(state, {}, invariants, duration_s=0, first_step=1))
 
 
@@ -79,7 +79,7 @@ def test_dropped_samples_are_shown_by_server_and_fail_nothing(tmp_path: Path) ->
     assert [i.held for i in invariants] == [True, True, True]
     detail = invariants[1].detail
     assert f"4 samples dropped for broken payloads ({a} 2, {b} 1, unknown server 1)" in detail
-    state = RunState(staleness=Staleness(2, 1), max_steps=3)
+    state = RunState(Staleness(2, 1), Shipping(3))
     data = summary_data(state, {}, invariants, duration_s=1.0, first_step=1)
     assert invariants_hold(data)
     assert "4 samples dropped" in render_summary(data)

@@ -22,7 +22,7 @@ from orchestrator.config import (
 from orchestrator.config.errors import InvalidValue
 from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.policy import PolicyWatcher
-from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.run_state import RunState, Shipping, Versions
 from orchestrator.daemon.server_pool import ProbeSettings, ServerPool, serve_health_prober
 from orchestrator.daemon.startup import wait_for_version
 from orchestrator.handoff import (
@@ -30,6 +30,7 @@ from orchestrator.handoff import (
     STABLE_MARKER,
     STEP_LAYOUTS,
     StepLayout,
+    complete_steps,
     latest_published_version,
     parse_step_dir,
     publish_weights,
@@ -37,7 +38,6 @@ from orchestrator.handoff import (
     step_dir_name,
     weights_step_dir,
 )
-from orchestrator.handoff.step_dirs import complete_steps
 
 A, B = "http://a:1", "http://b:2"
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
@@ -241,7 +241,7 @@ async def test_a_recovered_server_loads_the_prime_rl_step_dir(
         request_timeout_s=2.0,
         unavailable_deadline_s=30.0,
     )
-    state = RunState(staleness=Staleness(), max_steps=0, applied_version=7)
+    state = RunState(Staleness(), Shipping(0), versions=Versions(applied=7))
     pool = ServerPool.of([A, B], on_change=lambda: None)
     pool.mark_down(A, "refused")
     async with (
@@ -283,15 +283,15 @@ async def test_the_watcher_follows_versions_published_in_the_prime_rl_layout(
         return httpx.Response(200, json={})
 
     # Batches 1..3 have shipped: v4 and later would be another run's leftovers.
-    state = RunState(staleness=config.staleness, max_steps=0, next_step=4)
+    state = RunState(config.staleness, Shipping(0, next_step=4))
     sweeps: list[int] = []
 
     async def sweep() -> None:
-        sweeps.append(state.applied_version)
+        sweeps.append(state.versions.applied)
 
     async def settled(version: int) -> None:
         with trio.fail_after(10):
-            while state.settled_version < version:
+            while state.versions.settled < version:
                 await state.wait_changed()
 
     async with (
@@ -318,7 +318,7 @@ async def test_the_watcher_follows_versions_published_in_the_prime_rl_layout(
         (weights_dir / "step_2").mkdir()
         stable(weights_dir / "step_5")
         await watcher.check_for_new_version()
-        assert state.applied_version == 1
+        assert state.versions.applied == 1
 
         (weights_dir / "step_2" / STABLE_MARKER).touch()
         await settled(2)
@@ -326,6 +326,6 @@ async def test_the_watcher_follows_versions_published_in_the_prime_rl_layout(
         await settled(3)
         nursery.cancel_scope.cancel()
 
-    assert state.applied_version == 3
+    assert state.versions.applied == 3
     assert posted == {"step_1": {A, B}, "step_2": {A, B}, "step_3": {A, B}}
     assert sweeps == [1, 2, 3]

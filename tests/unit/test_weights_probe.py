@@ -17,18 +17,18 @@ from hypothesis import HealthCheck, given, settings
 
 from orchestrator.config import Config, InferenceConfig, TrainerConfig
 from orchestrator.daemon.policy import PolicyWatcher
-from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.run_state import RunState, Shipping
 from orchestrator.daemon.server_pool import ServerPool
 from orchestrator.handoff import (
     MODEL_FILE,
     STABLE_MARKER,
     StepLayout,
+    newest_complete_step,
+    newest_published_version,
     publish_weights,
     published_versions,
     step_dir_name,
 )
-from orchestrator.handoff.step_dirs import newest_complete_step
-from orchestrator.handoff.weights import newest_published_version
 
 A = "http://a:1"
 
@@ -183,7 +183,7 @@ def watcher_for(
         loaded.append(Path(json.loads(request.content)["weight_dir"]).name)
         return httpx.Response(200, json={})
 
-    state = RunState(staleness=config.staleness, max_steps=0, next_step=next_step)
+    state = RunState(config.staleness, Shipping(0, next_step=next_step))
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
 
     async def sweep() -> None:
@@ -203,7 +203,7 @@ def watcher_for(
 async def applied(state: RunState, version: int) -> None:
     # A hang guard, not a timing assertion: the probes run every 0.05 s.
     with trio.fail_after(20):
-        while state.applied_version < version:
+        while state.versions.applied < version:
             await state.wait_changed()
 
 
@@ -223,14 +223,14 @@ async def test_the_watcher_applies_each_version_its_batch_allows(
         # v3's batch has not shipped: v3 is another run's leftover until it has.
         publish_weights(weights_dir, 3, fsync=False)
         await watcher.check_for_new_version()
-        assert state.applied_version == 1
+        assert state.versions.applied == 1
         publish_weights(weights_dir, 2, fsync=False)
         await applied(state, 2)
-        state.next_step = 4
+        state.shipping.next_step = 4
         state.notify()
         await applied(state, 3)
         nursery.cancel_scope.cancel()
-    assert state.applied_version == 3
+    assert state.versions.applied == 3
     assert loaded == ["step_000001", "step_000002", "step_000003"]
 
 
@@ -246,7 +246,7 @@ async def test_nothing_is_opened_when_no_batch_shipped_past_the_applied_version(
     with structlog.testing.capture_logs() as logs:
         async with client:
             await watcher.check_for_new_version()
-    assert state.applied_version == 0
+    assert state.versions.applied == 0
     assert logs == []
 
 
@@ -265,7 +265,7 @@ async def test_a_failing_probe_is_logged_once_and_tried_again(tmp_path: Path) ->
             weights_dir.unlink()
             publish_weights(weights_dir, 1, fsync=False)
             await watcher.check_for_new_version()
-    assert state.applied_version == 1
+    assert state.versions.applied == 1
     events = [(entry["event"], entry["log_level"]) for entry in logs]
     assert events[:2] == [
         ("cannot look for new weights; trying again", "warning"),

@@ -18,8 +18,7 @@ from orchestrator.wire.arrays import (
     MISSING_LOGPROB,
     ROUTING_DTYPES,
     WireFormatError,
-    decode_mask_csr,
-    decode_mask_lists,
+    decode_mask,
     decode_npy,
     decode_packed,
     decode_packed_routing,
@@ -297,26 +296,26 @@ def bare_i32(values: list[int]) -> str:
 @pytest.mark.parametrize("form", [packed_i32, bare_i32])
 def test_csr_masks_decode_from_packed_and_bare_parts(form: Callable[[list[int]], Any]) -> None:
     obj = {"ids": form(IDS), "counts": form(COUNTS)}
-    mask = decode_mask_csr(obj, "sampling_mask", tokens=3)
+    mask = decode_mask(obj, "sampling_mask", tokens=3)
     assert mask.dtype == np.int32
     np.testing.assert_array_equal(mask, MASK)
 
 
 def test_csr_parts_may_mix_forms() -> None:
     obj = {"ids": bare_i32(IDS), "counts": packed_i32(COUNTS)}
-    np.testing.assert_array_equal(decode_mask_csr(obj, "m", tokens=3), MASK)
+    np.testing.assert_array_equal(decode_mask(obj, "m", tokens=3), MASK)
 
 
 def test_csr_round_trips_and_an_empty_mask_is_null() -> None:
     obj = encode_mask_csr(MASK)
     assert obj == {"ids": packed_i32(IDS), "counts": packed_i32(COUNTS)}
-    np.testing.assert_array_equal(decode_mask_csr(obj, "m", tokens=3), MASK)
+    np.testing.assert_array_equal(decode_mask(obj, "m", tokens=3), MASK)
     assert encode_mask_csr(np.full((3, 2), -1, dtype=np.int32)) is None
 
 
 def test_a_csr_mask_with_no_kept_ids_has_width_zero() -> None:
     obj = {"ids": bare_i32([]), "counts": bare_i32([0, 0])}
-    assert decode_mask_csr(obj, "m", tokens=2).shape == (2, 0)
+    assert decode_mask(obj, "m", tokens=2).shape == (2, 0)
 
 
 @pytest.mark.parametrize(
@@ -334,7 +333,7 @@ def test_inconsistent_csr_masks_are_refused(
     ids: list[int], counts: list[int], words: tuple[str]
 ) -> None:
     obj = {"ids": bare_i32(ids), "counts": bare_i32(counts)}
-    raises(lambda: decode_mask_csr(obj, "sampling_mask", tokens=3), "sampling_mask", *words)
+    raises(lambda: decode_mask(obj, "sampling_mask", tokens=3), "sampling_mask", *words)
 
 
 @pytest.mark.parametrize(
@@ -355,7 +354,7 @@ def test_inconsistent_csr_masks_are_refused(
     ],
 )
 def test_malformed_csr_masks_are_refused(obj: object) -> None:
-    raises(lambda: decode_mask_csr(obj, "sampling_mask", tokens=3), "sampling_mask")
+    raises(lambda: decode_mask(obj, "sampling_mask", tokens=3), "sampling_mask")
 
 
 def test_mask_from_rows_pads_with_minus_one() -> None:
@@ -368,12 +367,12 @@ def test_mask_from_rows_pads_with_minus_one() -> None:
 
 
 def test_list_masks_decode_and_round_trip() -> None:
-    mask = decode_mask_lists([[5, 9], [], [7]], "sampling_mask", tokens=3)
+    mask = decode_mask([[5, 9], [], [7]], "sampling_mask", tokens=3)
     assert mask.dtype == np.int32
     np.testing.assert_array_equal(mask, MASK)
     assert encode_mask_lists(MASK) == [[5, 9], [], [7]]
-    assert decode_mask_lists([[], []], "m", tokens=2).shape == (2, 0)
-    assert decode_mask_lists([[2**31 - 1]], "m", tokens=1).tolist() == [[2**31 - 1]]
+    assert decode_mask([[], []], "m", tokens=2).shape == (2, 0)
+    assert decode_mask([[2**31 - 1]], "m", tokens=1).tolist() == [[2**31 - 1]]
 
 
 @pytest.mark.parametrize(
@@ -393,7 +392,7 @@ def test_list_masks_decode_and_round_trip() -> None:
     ],
 )
 def test_malformed_list_masks_are_refused(value: object) -> None:
-    raises(lambda: decode_mask_lists(value, "sampling_mask", tokens=3), "sampling_mask")
+    raises(lambda: decode_mask(value, "sampling_mask", tokens=3), "sampling_mask")
 
 
 # --- dtype choice ---------------------------------------------------------------------

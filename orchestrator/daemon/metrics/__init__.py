@@ -7,13 +7,8 @@ read, and where it is served.
                    time; metrics_registry: one registry per daemon run
     endpoint.py    serve_metrics: GET /metrics answers generate_latest(registry), served
                    by hypercorn on the daemon's trio loop (see its docstring for why)
-
-Wiring, in the daemon's nursery (the policy watcher gets `collections` when built):
-
-    loop_stats, collections = LoopStats(), CollectionTimes()
-    await nursery.start(serve_loop_lag_monitor, loop_stats)
-    registry = metrics_registry(state, sink, loop_stats, collections)
-    await nursery.start(serve_metrics, config.metrics.listen, registry)
+    start.py       start_metrics: the endpoint and the lag monitor, started in the
+                   daemon's nursery (the policy watcher gets `collections` when built)
 """
 
 from orchestrator.daemon.metrics.collector import metrics_registry as metrics_registry
@@ -26,3 +21,4 @@ from orchestrator.daemon.metrics.recorders import LOOP_LAG_BUCKETS as LOOP_LAG_B
 from orchestrator.daemon.metrics.recorders import CollectionTimes as CollectionTimes
 from orchestrator.daemon.metrics.recorders import LoopStats as LoopStats
 from orchestrator.daemon.metrics.recorders import serve_loop_lag_monitor as serve_loop_lag_monitor
+from orchestrator.daemon.metrics.start import start_metrics as start_metrics

@@ -66,20 +66,20 @@ class RunCollector:
 
     def collect(self) -> Iterator[Metric]:
         state, sink, p = self.state, self.sink, "orchestrator_"
-        step = state.next_step - 1  # the last batch shipped (0 before the first)
+        step = state.shipping.last_shipped  # the last batch shipped (0 before the first)
         yield _by_label(
             f"{p}rollouts_total",
             "Rollouts finished, by outcome (completed, failed, poisoned).",
             "outcome",
             ROLLOUT_OUTCOMES,
-            state.rollouts,
+            state.dispatch.rollouts,
         )
         yield _by_label(
             f"{p}rollout_failures_total",
             "Failed inference requests and poisoned payloads, by kind.",
             "kind",
             FAILURE_KINDS,
-            state.failures,
+            state.dispatch.failures,
         )
         yield _by_label(
             f"{p}discards_total",
@@ -93,39 +93,39 @@ class RunCollector:
             "Payload files deleted, by path (discard, sweep, collection, wipe).",
             "path",
             DELETION_PATHS,
-            state.files_deleted,
+            state.payload.files_deleted,
         )
         yield _by_label(
             f"{p}payload_bytes_deleted_total",
             "Payload bytes deleted, by path (discard, sweep, collection, wipe).",
             "path",
             DELETION_PATHS,
-            state.bytes_deleted,
+            state.payload.bytes_deleted,
         )
         yield CounterMetricFamily(
             f"{p}payload_files_written_total",
             "Payload files written by inference servers for this run's rollouts.",
-            value=state.files_written,
+            value=state.payload.files_written,
         )
         yield CounterMetricFamily(
             f"{p}payload_bytes_written_total",
             "Payload bytes written by inference servers for this run's rollouts.",
-            value=state.bytes_written,
+            value=state.payload.bytes_written,
         )
         yield GaugeMetricFamily(
             f"{p}payload_disk_bytes",
             "Bytes under the payload root at the last measurement.",
-            value=state.payload_bytes,
+            value=state.payload.bytes,
         )
         yield GaugeMetricFamily(
             f"{p}payload_disk_peak_bytes",
             "The most bytes measured under the payload root during this run.",
-            value=state.peak_payload_bytes,
+            value=state.payload.peak_bytes,
         )
         yield GaugeMetricFamily(
             f"{p}applied_version",
             "The policy version rollouts are dispatched under.",
-            value=state.applied_version,
+            value=state.versions.applied,
         )
         yield GaugeMetricFamily(
             f"{p}step", "The last batch shipped to the trainer (0 before the first).", value=step
@@ -133,22 +133,22 @@ class RunCollector:
         yield GaugeMetricFamily(  # no sample before the first collection
             f"{p}collection_bound",
             "The last collection bound: every v<k> directory with k below it was deleted.",
-            value=state.bound,
+            value=state.versions.collected_below,
         )
         yield GaugeMetricFamily(
             f"{p}staleness_steps",
             "Batches shipped ahead of the applied policy version (step - applied_version).",
-            value=step - state.applied_version,
+            value=step - state.versions.applied,
         )
         yield GaugeMetricFamily(
             f"{p}inflight_rollouts",
             "Rollouts dispatched and not yet handed to the sink.",
-            value=state.inflight_rollouts,
+            value=state.dispatch.inflight_rollouts,
         )
         yield GaugeMetricFamily(
             f"{p}inflight_limit",
             "The most rollouts the dispatcher lets run at once now (adaptive or fixed).",
-            value=state.inflight_limit or 0,
+            value=state.limits.rollouts or 0,
         )
         yield GaugeMetricFamily(
             f"{p}queued_samples",

@@ -3,7 +3,8 @@ hypercorn on the daemon's own trio loop.
 
 Why this design: hypercorn is already the local fleet's HTTP server and runs on trio, so
 it serves here too (it owns HTTP/1.1 parsing, keep-alive, timeouts and error answers),
-taking over the sockets `orchestrator.daemon.preflight` bound. The app in front of the registry
+through `orchestrator.asgi_server.serve_asgi` like the fleet's servers, taking over the
+sockets `orchestrator.daemon.preflight` bound. The app in front of the registry
 is a few lines rather than prometheus-client's `make_asgi_app`, to answer only
 `/metrics` (404 elsewhere, 405 for methods other than GET and HEAD) in the text format
 `generate_latest` writes. It encodes on the trio thread, not in a worker thread, because
@@ -15,26 +16,22 @@ millisecond, which the event loop lag monitor would show if it ever grew.
 from __future__ import annotations
 
 import functools
-import logging
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import attrs
 import structlog
 import trio
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 
-if TYPE_CHECKING:
-    from hypercorn.typing import AppWrapper
+# How long a connection may sit idle: every server's (orchestrator.asgi_server).
+from orchestrator.asgi_server import IDLE_DEADLINE_S as IDLE_DEADLINE_S
+from orchestrator.asgi_server import bind_socket, serve_asgi
 
 log = structlog.get_logger("orchestrator.daemon.metrics")
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
-# How long a connection may sit idle, or stall before its request head is complete.
-# hypercorn also holds a connection the client closed between requests open until then,
-# so it stays short (hypercorn's default); a scraper reconnecting per scrape costs nothing.
-IDLE_DEADLINE_S = 5.0
 
 _LOOPBACK = "127.0.0.1"
 
@@ -62,7 +59,7 @@ def parse_listen_address(listen: str) -> tuple[str, int]:
 
 @attrs.frozen
 class MetricsApp:
-    """The ASGI app (in hypercorn's calling convention) serving `registry`."""
+    """The ASGI app serving `registry`."""
 
     registry: CollectorRegistry
 
@@ -71,8 +68,6 @@ class MetricsApp:
         scope: Message,
         receive: Callable[[], Awaitable[Message]],
         send: Callable[[Message], Awaitable[None]],
-        sync_spawn: object,
-        call_soon: object,
     ) -> None:
         if scope["type"] == "lifespan":  # nothing to set up or tear down
             while (await receive())["type"] != "lifespan.shutdown":
@@ -94,23 +89,6 @@ class MetricsApp:
         await send({"type": "http.response.body", "body": body})  # none for HEAD
 
 
-def _bind(listen: str) -> list[socket.socket]:
-    """A socket listening on `listen`. Blocking (a host name is looked up).
-
-    Raises `BadListenAddress`, or `OSError` when it cannot listen there.
-    """
-    host, port = parse_listen_address(listen)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(socket.SOMAXCONN)
-    except BaseException:
-        sock.close()
-        raise
-    return [sock]
-
-
 async def serve_metrics(
     listen: str,
     registry: CollectorRegistry,
@@ -128,29 +106,12 @@ async def serve_metrics(
     `orchestrator.daemon.preflight`, so that a port in use is found before the run changes
     anything): the server takes them over and closes them when it stops.
     """
-    # Imported here, as in orchestrator.sim.inference: only a serving process needs it.
-    from hypercorn.config import Config as HypercornConfig
-    from hypercorn.config import Sockets
-    from hypercorn.trio.run import worker_serve
-
     if not sockets:
-        sockets = await trio.to_thread.run_sync(_bind, listen)
-    try:
-        config = HypercornConfig()
-        config.accesslog = None
-        # Through stdlib logging, which `configure_logging` renders like everything else.
-        config.errorlog = logging.getLogger("hypercorn.error")
-        config.keep_alive_timeout = IDLE_DEADLINE_S
-        bound_host, bound_port = sockets[0].getsockname()[:2]
-        shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host
-        async with trio.open_nursery() as nursery:
-            app = cast("AppWrapper", MetricsApp(registry))
-            serve = functools.partial(
-                worker_serve, app, config, sockets=Sockets([], [*sockets], [])
-            )
-            await nursery.start(serve)
-            log.info("serving metrics", url=f"http://{shown_host}:{bound_port}/metrics")
-            task_status.started((bound_host, bound_port))
-    finally:
-        for sock in sockets:
-            sock.close()
+        # Bound here rather than by serve_asgi, so that a port in use is raised as itself,
+        # not inside the nursery's exception group.
+        sockets = [await trio.to_thread.run_sync(bind_socket, *parse_listen_address(listen))]
+    app = MetricsApp(registry)
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(functools.partial(serve_asgi, app, sockets=sockets))
+        log.info("serving metrics", url=f"{address.url}/metrics")
+        task_status.started((address.host, address.port))

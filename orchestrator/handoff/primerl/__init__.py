@@ -1,6 +1,15 @@
 """The hand-off to prime-rl's trainer: each step packed into micro batches per data rank
-and written as `rollouts/step_N/rank_R.bin` (docs/protocol.md § The prime-rl hand-off)."""
+and written as `rollouts/step_N/rank_R.bin` (docs/protocol.md § The prime-rl hand-off).
 
+`micro_batches` packs, `rank_file` encodes prime-rl's `list[MicroBatch]`, `store` ships a
+step and lists the shipped ones, `reader` reads and checks a step as prime-rl's trainer
+does (the local trainer's side), and `handoff_format` is all of it as the registry's
+"prime-rl" (`PRIME_RL_FORMAT`).
+"""
+
+from orchestrator.handoff.dropped import NothingToShip as NothingToShip
+from orchestrator.handoff.primerl.handoff_format import PRIME_RL_FORMAT as PRIME_RL_FORMAT
+from orchestrator.handoff.primerl.handoff_format import PrimeRLFormat as PrimeRLFormat
 from orchestrator.handoff.primerl.micro_batches import MicroBatchArrays as MicroBatchArrays
 from orchestrator.handoff.primerl.micro_batches import PackedSample as PackedSample
 from orchestrator.handoff.primerl.micro_batches import pack_step as pack_step
@@ -8,9 +17,11 @@ from orchestrator.handoff.primerl.rank_file import MicroBatch as MicroBatch
 from orchestrator.handoff.primerl.rank_file import RoutedExperts as RoutedExperts
 from orchestrator.handoff.primerl.rank_file import decode_rank_file as decode_rank_file
 from orchestrator.handoff.primerl.rank_file import encode_rank_file as encode_rank_file
+from orchestrator.handoff.primerl.reader import PrimeRLStepRead as PrimeRLStepRead
+from orchestrator.handoff.primerl.reader import ranks_ready as ranks_ready
+from orchestrator.handoff.primerl.reader import read_primerl_step as read_primerl_step
 from orchestrator.handoff.primerl.store import MANIFEST_FILE as MANIFEST_FILE
 from orchestrator.handoff.primerl.store import MANIFEST_FORMAT as MANIFEST_FORMAT
-from orchestrator.handoff.primerl.store import NothingToShip as NothingToShip
 from orchestrator.handoff.primerl.store import PrimeRLStep as PrimeRLStep
 from orchestrator.handoff.primerl.store import (
     is_complete_primerl_step as is_complete_primerl_step,
@@ -32,11 +43,14 @@ from orchestrator.handoff.primerl.store import (
 __all__ = [
     "MANIFEST_FILE",
     "MANIFEST_FORMAT",
+    "PRIME_RL_FORMAT",
     "MicroBatch",
     "MicroBatchArrays",
     "NothingToShip",
     "PackedSample",
+    "PrimeRLFormat",
     "PrimeRLStep",
+    "PrimeRLStepRead",
     "RoutedExperts",
     "decode_rank_file",
     "encode_rank_file",
@@ -46,6 +60,8 @@ __all__ = [
     "publish_primerl_step",
     "publish_primerl_step_async",
     "rank_file_name",
+    "ranks_ready",
+    "read_primerl_step",
     "remove_partial_primerl_steps",
     "shipped_primerl_steps",
     "unfinished_primerl_steps",

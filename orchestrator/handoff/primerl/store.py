@@ -61,18 +61,22 @@ import structlog
 import trio
 
 from orchestrator.core.rollouts import TrainSample
-from orchestrator.handoff.batch_file import _write_all
-from orchestrator.handoff.durable import write_file_synced
+from orchestrator.handoff.dropped import DroppedSample, NothingToShip
+from orchestrator.handoff.durable import (
+    BatchExists,
+    publish_step_dir,
+    remove_partial_batches,
+    write_file_synced,
+    write_new_file,
+)
 from orchestrator.handoff.primerl.micro_batches import MicroBatchArrays, PackedSample, pack_step
 from orchestrator.handoff.primerl.rank_file import encode_rank_file
-from orchestrator.handoff.reader import DroppedSample
 from orchestrator.handoff.step_dirs import (
     complete_steps,
     is_complete_step_dir,
     parse_step_dir,
     step_dir,
 )
-from orchestrator.handoff.store import BatchExists, publish_step_dir, remove_partial_batches
 from orchestrator.payload import (
     BadSegment,
     PayloadCorrupt,
@@ -105,16 +109,6 @@ MANIFEST_FORMAT = "rollout-orchestrator.prime-rl-step/1"
 # The `BadSegment` reasons that describe a payload file on disk (as the native reader
 # classifies them), not the segment record.
 _FILE_REASONS = frozenset({"symlink", "mount_point", "not_regular_file"})
-
-
-class NothingToShip(Exception):
-    """Every sample of the step was dropped (its payload could not be read): nothing was
-    written. `dropped` says which and why."""
-
-    def __init__(self, step: int, dropped: Sequence[DroppedSample]) -> None:
-        super().__init__(f"step {step}: every sample's payload is unreadable; nothing shipped")
-        self.step = step
-        self.dropped = tuple(dropped)
 
 
 @attrs.frozen
@@ -379,15 +373,7 @@ def _write_rank_file(path: Path, micro_batches: Sequence[MicroBatchArrays], *, f
         else part.reshape(-1).view(np.uint8)
         for part in encode_rank_file(micro_batches)
     ]
-    buffers = [buffer for buffer in buffers if buffer.nbytes]
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        _write_all(fd, buffers)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    return sum(buffer.nbytes for buffer in buffers)
+    return write_new_file(path, buffers, fsync=fsync)
 
 
 def _manifest(

@@ -23,8 +23,9 @@ from typing import Literal, get_args
 import attrs
 import numpy as np
 
-from orchestrator.handoff.batch_file import read_batch_file
-from orchestrator.handoff.format import (
+from orchestrator.handoff.dropped import DroppedSample
+from orchestrator.handoff.native.batch_file import read_batch_file
+from orchestrator.handoff.native.format import (
     BATCH_FILE,
     FORMAT_VERSION,
     LEGACY_BATCH_FILE,
@@ -86,34 +87,6 @@ class SampleArrays:
         """The bytes of payload arrays this sample holds (routing and masks)."""
         return sum(
             array.nbytes for array in (self.routed_experts, self.sampling_mask) if array is not None
-        )
-
-
-@attrs.frozen
-class DroppedSample:
-    """A sample `read_batch(..., on_corrupt="drop")` left out of a batch, and why.
-
-    `index` is its place in the batch file's `samples`; `server` is the inference server
-    that generated it (None when the batch does not say). `reason` is
-    ``payload_corrupt`` (a digest mismatch; only with `verify`), ``payload_missing`` (a
-    payload file or its `payload_dir` missing, or a file shorter than a segment needs) or
-    ``bad_payload_file`` (a symbolic link or not a regular file where a payload file
-    should be). `file` is the path concerned and `error` the reader's one-line message.
-    """
-
-    index: int
-    group_id: str
-    rollout_id: str
-    server: str | None
-    reason: str
-    file: str
-    error: str
-
-    def __str__(self) -> str:
-        server = self.server if self.server is not None else "unknown"
-        return (
-            f"samples[{self.index}] (rollout {self.rollout_id} of group {self.group_id}, "
-            f"server {server}) dropped: {self.reason}: {self.error}"
         )
 
 

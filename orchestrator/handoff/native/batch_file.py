@@ -1,10 +1,11 @@
 """Writing and mapping one `batch.bin` (the format is `format`'s; docs/protocol.md#batches).
 
 The writer never builds the file in memory: it plans where every array goes, then hands
-the arrays' own buffers to `os.writev`, a few hundred at a time. The interpreter lock is
-released during each system call, so a daemon publishing a batch from a worker thread
-keeps its event loop running; the longest stretch the writer holds the lock is one
-sample's advantages or the header's encoding, milliseconds for the largest batches.
+the arrays' own buffers to `os.writev`, a few hundred at a time (`durable.write_new_file`).
+The interpreter lock is released during each system call, so a daemon publishing a batch
+from a worker thread keeps its event loop running; the longest stretch the writer holds
+the lock is one sample's advantages or the header's encoding, milliseconds for the
+largest batches.
 
 The reader maps the file copy-on-write: every array it hands out is a view of the
 mapping, writable (a write stays private to the process, the file never changes), and
@@ -14,7 +15,6 @@ async code.
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 import stat
@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator.core.rollouts import TrainSample
-from orchestrator.handoff.format import (
+from orchestrator.handoff.durable import write_new_file
+from orchestrator.handoff.native.format import (
     BatchError,
     BatchFile,
     BatchLayout,
@@ -32,8 +33,6 @@ from orchestrator.handoff.format import (
     encode_batch,
 )
 
-# The most buffers one writev(2) takes (IOV_MAX: 1024 on Linux).
-_IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))
 # Padding between arrays is shorter than the alignment: slices of one block of zeros.
 _ZEROS = np.zeros(64, dtype=np.uint8)
 
@@ -75,32 +74,7 @@ def write_layout(path: Path, layout: BatchLayout, *, fsync: bool = True) -> None
         position = offset + array.size
     if layout.data_start + position != layout.size:
         buffers.append(_ZEROS[: layout.size - layout.data_start - position])
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        _write_all(fd, buffers)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, buffers: list[np.ndarray]) -> None:
-    """Write every buffer in order with writev(2), at most `_IOV_MAX` per call, resuming
-    after a short write."""
-    first = 0
-    while first < len(buffers):
-        # ndarrays export the buffer protocol; numpy's type stubs do not say so.
-        written = os.writev(fd, buffers[first : first + _IOV_MAX])  # type: ignore[arg-type]
-        if written <= 0:
-            raise OSError(errno.EIO, "writev wrote nothing")
-        while written:
-            head = buffers[first]
-            if written >= head.nbytes:
-                written -= head.nbytes
-                first += 1
-            else:
-                buffers[first] = head[written:]
-                written = 0
+    write_new_file(path, buffers, fsync=fsync)
 
 
 def read_batch_file(path: Path) -> BatchFile:

@@ -14,7 +14,7 @@ then checks what prime-rl's trainer takes for granted:
   batch carries routing, and, sequence by sequence, that its routing rows are the bytes
   of the payload files the manifest names (`read_sample_payload`, digests verified).
 
-Every failure is a `Problem`, never an exception: the trainer counts it as a violation
+Every failure is a `StepProblem`, never an exception: the trainer counts it as a violation
 and goes on. Blocking: the trainer calls it in a worker thread.
 """
 
@@ -29,13 +29,9 @@ import attrs
 import msgspec
 import numpy as np
 
-from orchestrator.handoff.primerl import (
-    MANIFEST_FILE,
-    MANIFEST_FORMAT,
-    MicroBatch,
-    decode_rank_file,
-    rank_file_name,
-)
+from orchestrator.handoff.formats import StepProblem
+from orchestrator.handoff.primerl.rank_file import MicroBatch, decode_rank_file
+from orchestrator.handoff.primerl.store import MANIFEST_FILE, MANIFEST_FORMAT, rank_file_name
 from orchestrator.payload import (
     BadSegment,
     PayloadCorrupt,
@@ -45,7 +41,7 @@ from orchestrator.payload import (
     read_sample_payload,
 )
 
-__all__ = ["PrimeRLStepRead", "Problem", "ranks_ready", "read_primerl_step"]
+__all__ = ["PrimeRLStepRead", "ranks_ready", "read_primerl_step"]
 
 _PER_TOKEN = (
     "loss_mask",
@@ -58,19 +54,6 @@ _PER_TOKEN = (
 
 
 @attrs.frozen
-class Problem:
-    """One thing wrong with a step: `kind` (`bad_batch`: a rank file or the manifest
-    cannot be read; `bad_micro_batch`: a micro batch breaks a rule; `routing_mismatch`:
-    routing rows differ from the payload files; `payload_missing`, `payload_corrupt`,
-    `bad_payload`, `io_error`: a payload file named in the manifest cannot be read), the
-    file concerned and a one-line message."""
-
-    kind: str
-    file: str
-    message: str
-
-
-@attrs.frozen
 class PrimeRLStepRead:
     """What reading a step found: the samples (sequences of micro batches that are not
     padding), the routing bytes of those micro batches, the problems, and the samples
@@ -78,7 +61,7 @@ class PrimeRLStepRead:
 
     samples: int
     payload_bytes: int
-    problems: tuple[Problem, ...] = ()
+    problems: tuple[StepProblem, ...] = ()
     dropped: tuple[dict[str, Any], ...] = ()
 
 
@@ -147,13 +130,13 @@ class _StepReader:
     step_dir: Path
     step: int
     verify: bool
-    problems: list[Problem] = attrs.Factory(list)
+    problems: list[StepProblem] = attrs.Factory(list)
     # Routing rows read from payload files, by (payload_dir, rollout_id): a padding copy
     # repeats sequences already read.
     _rows: dict[tuple[str, str], np.ndarray] = attrs.Factory(dict)
 
     def problem(self, kind: str, file: Path | str, message: str) -> None:
-        self.problems.append(Problem(kind, str(file), f"step {self.step}: {message}"))
+        self.problems.append(StepProblem(kind, str(file), f"step {self.step}: {message}"))
 
     def decode_rank(self, rank: int) -> list[MicroBatch] | None:
         path = self.step_dir / rank_file_name(rank)

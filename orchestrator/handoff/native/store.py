@@ -11,26 +11,17 @@ from __future__ import annotations
 
 import errno
 import functools
-import os
-import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import trio
 
 from orchestrator.core.rollouts import TrainSample
-from orchestrator.handoff.batch_file import write_layout
-from orchestrator.handoff.durable import TEMP_PREFIX, fsync_dir, temp_name
-from orchestrator.handoff.format import BATCH_FILE, encode_batch
+from orchestrator.handoff.durable import BatchExists, publish_step_dir
+from orchestrator.handoff.native.batch_file import write_layout
+from orchestrator.handoff.native.format import BATCH_FILE, encode_batch
 from orchestrator.handoff.step_dirs import complete_steps, is_complete_step_dir, step_dir
-
-# Leftovers of a publish cut short by a crash start with this; nothing else does.
-PARTIAL_BATCH_PREFIX = TEMP_PREFIX
-
-
-class BatchExists(FileExistsError):
-    """The batch of this step was shipped already; shipped batches are never rewritten."""
 
 
 def batch_step_dir(batches_dir: Path, step: int) -> Path:
@@ -74,35 +65,6 @@ def publish_batch(
     return final_dir
 
 
-def publish_step_dir(final_dir: Path, fill: Callable[[Path], None], *, fsync: bool = True) -> None:
-    """Publish a step directory atomically: `fill` writes its files into a hidden temp
-    directory beside `final_dir`, which is fsynced, renamed to `final_dir`, and its parent
-    fsynced (with `fsync=False` the fsyncs are skipped). Blocking.
-
-    rename(2) replaces an *empty* directory but fails on a non-empty one, and a shipped
-    step is never empty, so a concurrent publisher loses here: `BatchExists`. On any
-    failure the temp directory is removed; a crash leaves at most a `.tmp-*` directory.
-    """
-    parent = final_dir.parent
-    temp_dir = parent / temp_name(final_dir.name)
-    temp_dir.mkdir()
-    try:
-        fill(temp_dir)
-        if fsync:
-            fsync_dir(temp_dir)
-        try:
-            temp_dir.rename(final_dir)
-        except OSError as exc:
-            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                raise BatchExists(errno.EEXIST, "step already shipped", str(final_dir)) from None
-            raise
-    except BaseException:
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        raise
-    if fsync:
-        fsync_dir(parent)
-
-
 async def publish_batch_async(
     batches_dir: Path,
     step: int,
@@ -131,26 +93,3 @@ def shipped_steps(batches_dir: Path) -> list[int]:
     missing `batches_dir` means none. Raises OSError when it cannot be listed.
     """
     return complete_steps(batches_dir, BATCH_FILE)
-
-
-def remove_partial_batches(batches_dir: Path) -> int:
-    """Delete the `.tmp-*` leftovers of publishes cut short by a crash; return how many.
-
-    Call it only while no publish is running (at start-up, before shipping). Never
-    follows a symlink: a link named `.tmp-*` is unlinked, not entered. A missing
-    `batches_dir` means none. Raises OSError when something cannot be deleted.
-    """
-    removed = 0
-    try:
-        entries = list(os.scandir(batches_dir))
-    except FileNotFoundError:
-        return removed
-    for entry in entries:
-        if not entry.name.startswith(PARTIAL_BATCH_PREFIX):
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
-        else:
-            Path(entry.path).unlink(missing_ok=True)
-        removed += 1
-    return removed

@@ -1,0 +1,1 @@
+"""The real-scale benchmark's parts (`bench/system_scale.py` runs it), one topic a module."""

@@ -1,0 +1,57 @@
+"""What the stall watch and the progress line read of a run at one moment.
+
+Both read the same `RunSnapshot`, so they name the same step, samples, discard reasons
+(the sink's) and failure kinds (`Dispatch.failures`) under the same keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from orchestrator.core.sink import TrainSink
+from orchestrator.daemon.run_state import RunState
+
+
+@attrs.frozen
+class RunSnapshot:
+    """The run's figures at one moment (counts are totals of this run)."""
+
+    step: int  # the batch being filled
+    queued: int  # samples in the sink's queue
+    needed: int  # samples a batch needs
+    gate_open: bool  # whether batch `step` may ship as far as the trainer is concerned
+    applied_version: int
+    idle: bool  # nothing left to ship (max_steps reached, or stopping): never a stall
+    discards: Mapping[str, int] = attrs.field(factory=dict)
+    failures: Mapping[str, int] = attrs.field(factory=dict)
+    texts: Mapping[tuple[str, str], int] = attrs.field(factory=dict)
+    inflight: int = 0  # rollouts in flight
+    completed: int = 0  # rollouts completed
+    inflight_limit: int = 0  # the limit the dispatcher obeys (0: not known)
+
+
+def snapshot(state: RunState, sink: TrainSink, *, needed: int, inflight_limit: int) -> RunSnapshot:
+    """`state` and `sink` now; `needed` is the batch size."""
+    step = state.shipping.next_step
+    dispatch = state.dispatch
+    return RunSnapshot(
+        step=step,
+        queued=sink.queued_samples,
+        needed=needed,
+        gate_open=state.may_ship(step),
+        applied_version=state.versions.applied,
+        idle=dispatch.stopping or state.shipping.done,
+        discards=sink.counters,
+        failures=dict(dispatch.failures),
+        texts=dispatch.rejections.texts(),
+        inflight=dispatch.inflight_rollouts,
+        completed=dispatch.rollouts["completed"],
+        inflight_limit=inflight_limit,
+    )
+
+
+def grown(now: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
+    """Each key's growth from `before` to `now`, keys that grew only."""
+    return {key: n - before.get(key, 0) for key, n in now.items() if n > before.get(key, 0)}

@@ -1,0 +1,104 @@
+"""The shipper: every batch the sink can fill and the staleness gate allows goes to the
+trainer as soon as it can (docs/design.md §3, §5), in the hand-off format the daemon was
+given (`orchestrator.daemon.shipping`), with one canonical `shipped batch` line."""
+
+from __future__ import annotations
+
+import attrs
+import structlog
+import trio
+
+from orchestrator.config import Config
+from orchestrator.core.rollouts import TrainSample
+from orchestrator.core.sink import TrainSink
+from orchestrator.daemon.admission import Admission
+from orchestrator.daemon.payload_disk import PayloadDeleter
+from orchestrator.daemon.progress_file import ProgressFile, RunFigures
+from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.shipping import NothingToShip, Shipment, ship_step
+from orchestrator.handoff import HandoffFormat
+
+log = structlog.get_logger(__name__)
+
+
+@attrs.frozen
+class Shipper:
+    config: Config
+    handoff: HandoffFormat
+    state: RunState
+    sink: TrainSink
+    deleter: PayloadDeleter
+    admission: Admission
+    figures: RunFigures
+    progress: ProgressFile
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Ship whatever is ready, then again at every change of the run, until cancelled."""
+        task_status.started()
+        while True:
+            changed = self.state.changed()
+            await self.ship_ready()
+            await changed.wait()
+
+    async def ship_ready(self) -> None:
+        """Ship batches while the next one is full and the gate lets it go."""
+        state, sink, shipping = self.state, self.sink, self.state.shipping
+        while (
+            not shipping.done
+            and state.may_ship(shipping.next_step)
+            and sink.ready(shipping.next_step)
+        ):
+            step = shipping.next_step
+            samples, pruned = sink.assemble(step)
+            await self.deleter.delete(pruned, reason="discard")
+            try:
+                shipment = await ship_step(
+                    self.handoff, self.config.handoff_settings, step, samples
+                )
+            except NothingToShip:
+                # Each sample was logged as it was dropped. The step stays next: new
+                # samples fill it again (the queue gave these up; their files stay pinned
+                # for the collector).
+                sink.unship(len(samples))
+                log.warning(
+                    "batch not shipped: no sample's payload could be read",
+                    step=step,
+                    dropped=len(samples),
+                )
+                state.notify()
+                continue
+            if shipment.dropped:
+                sink.unship(len(shipment.dropped))
+            shipping.next_step = step + 1
+            self.figures.stall.shipped(trio.current_time(), self.figures.snapshot())
+            self.admission.batch_shipped()
+            state.notify()
+            await self.progress.save()
+            self._log_shipped(step, samples, shipment)
+
+    def _log_shipped(self, step: int, samples: list[TrainSample], shipment: Shipment) -> None:
+        state, sink = self.state, self.sink
+        extra = (
+            {}
+            if shipment.micro_batches is None
+            else {
+                "micro_batches_per_rank": shipment.micro_batches,
+                "dropped": len(shipment.dropped),
+            }
+        )
+        payload = state.payload
+        log.info(
+            "shipped batch",
+            step=step,
+            version=state.versions.applied,
+            samples=shipment.samples,
+            groups=len({s.group_id for s in samples}),
+            staleness=max(step - 1 - s.start_version for s in samples),
+            discards=dict(sink.counters),
+            files_deleted=sum(payload.files_deleted.values()),
+            # The running account (docs/design.md §8): the root is not walked.
+            payload_files=payload.account.files,
+            payload_bytes=payload.bytes,
+            batch=str(shipment.path),
+            **extra,
+        )
