@@ -45,8 +45,8 @@ import trio
 from _report import git_revision, machine, write_section
 
 from orchestrator.core.turns import TurnOutput
-from orchestrator.daemon.http11 import HTTP11Client
-from orchestrator.daemon.inference_client import post_generate
+from orchestrator.daemon.inference.client import post_generate
+from orchestrator.daemon.inference.http11 import HTTP11Client
 from orchestrator.payload import RoutingShape, read_segment
 from orchestrator.wire import build_generate_request, parse_generate_response
 

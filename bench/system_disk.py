@@ -72,7 +72,7 @@ from system_fleet import (
     stamp,
 )
 
-from orchestrator.daemon.payload_disk import PayloadDeleter, payload_file_key, tree_bytes
+from orchestrator.daemon.payload_files.disk import PayloadDeleter, payload_file_key, tree_bytes
 from orchestrator.daemon.run import RunOutcome
 
 PLOT = REPO / "docs" / "disk_per_step.png"

@@ -54,7 +54,7 @@ from system_fleet import (
     stamp,
 )
 
-from orchestrator.daemon.payload_disk import tree_bytes
+from orchestrator.daemon.payload_files.disk import tree_bytes
 from orchestrator.daemon.run import RunOutcome
 
 SHAPE = ModelShape(layers=48, top_k=8, num_experts=128)

@@ -73,8 +73,8 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
     )
     from orchestrator.config import config_from_args
     from orchestrator.daemon import RunOutcome, Stop
+    from orchestrator.daemon.inference.server_pool import InferenceUnavailable
     from orchestrator.daemon.preflight import preflight
-    from orchestrator.daemon.server_pool import InferenceUnavailable
     from orchestrator.logs import configure_logging
 
     config = config_from_args(args)

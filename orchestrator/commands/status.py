@@ -292,7 +292,7 @@ def describe_shipping(snapshot: RunSnapshot, progress: Progress, now: float) -> 
     most common error: malformed: ... (903x)` when stalled, else when the last batch
     shipped. None for a progress file without these times."""
     from orchestrator.commands.inspect import format_as_of
-    from orchestrator.daemon.stall import most_discarded
+    from orchestrator.daemon.reporting.stall import most_discarded
 
     quiet = quiet_seconds(progress, now)
     if quiet is None:

@@ -27,7 +27,7 @@ from orchestrator.payload import (
     stitch_routing,
 )
 
-log = structlog.get_logger("orchestrator.samples")
+log = structlog.get_logger(__name__)
 
 
 def build_sample(

@@ -11,7 +11,7 @@ import trio
 from orchestrator.core.inflight import InflightLimit
 from orchestrator.core.rollouts import GroupResult
 from orchestrator.core.sink import TrainSink
-from orchestrator.daemon.payload_disk import PayloadDeleter
+from orchestrator.daemon.payload_files.disk import PayloadDeleter
 from orchestrator.daemon.run_state import RunState
 
 log = structlog.get_logger(__name__)

@@ -28,15 +28,15 @@ from orchestrator.core.rollouts import GroupResult, RolloutResult
 from orchestrator.core.samples import build_sample
 from orchestrator.core.sink import TrainSink
 from orchestrator.core.turns import TurnOutput
-from orchestrator.daemon.http11 import HTTP11Client
-from orchestrator.daemon.inference_client import (
+from orchestrator.daemon.inference.client import (
     TurnFiles,
     check_turn_files,
     encode_generate_request,
     post_generate,
 )
+from orchestrator.daemon.inference.http11 import HTTP11Client
+from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.run_state import InflightGroup, RunState
-from orchestrator.daemon.server_pool import ServerPool
 from orchestrator.payload import RoutingShape, version_dir
 from orchestrator.wire import InferenceFailure, build_generate_request, parse_generate_response
 

@@ -10,7 +10,7 @@ import structlog
 import trio
 
 from orchestrator.config import Config
-from orchestrator.daemon.payload_disk import tree_bytes
+from orchestrator.daemon.payload_files.disk import tree_bytes
 from orchestrator.daemon.run_state import RunState
 from orchestrator.daemon.stop import Stop
 from orchestrator.handoff import HandoffFormat

@@ -25,12 +25,11 @@ from payload_gc import PayloadGCError, collect_below, parse_version
 
 from orchestrator.config import Config
 from orchestrator.daemon.heap import trim_heap
-from orchestrator.daemon.inference_client import post_update_weights
+from orchestrator.daemon.inference.client import post_update_weights
+from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.metrics import CollectionTimes
 from orchestrator.daemon.run_state import RunState
-from orchestrator.daemon.server_pool import ServerPool
-from orchestrator.handoff import weights_step_dir
-from orchestrator.handoff.weights import newest_published_version
+from orchestrator.handoff import newest_published_version, weights_step_dir
 from orchestrator.wire import InferenceFailure
 
 log = structlog.get_logger(__name__)

@@ -27,9 +27,9 @@ import attrs
 import structlog
 import trio
 
-from orchestrator.handoff.progress import TopError
+from orchestrator.handoff import TopError
 
-log = structlog.get_logger("orchestrator.dispatch")
+log = structlog.get_logger(__name__)
 
 #: How much of a detail is remembered as its text.
 TEXT_CHARS = 100

@@ -36,18 +36,18 @@ from orchestrator.daemon.ending import (
     stop_gracefully_when_asked,
     wait_until_trained,
 )
-from orchestrator.daemon.http_clients import open_clients
+from orchestrator.daemon.inference.http_clients import open_clients
+from orchestrator.daemon.inference.server_pool import ServerPool, serve_health_prober
 from orchestrator.daemon.interpreter import tune_interpreter_for_the_loop, untune_interpreter
 from orchestrator.daemon.metrics import CollectionTimes, start_metrics
-from orchestrator.daemon.payload_disk import PayloadDeleter, measure_tree
+from orchestrator.daemon.payload_files.disk import PayloadDeleter, measure_tree
 from orchestrator.daemon.policy import PolicyWatcher
-from orchestrator.daemon.progress_file import ProgressFile, RunFigures
-from orchestrator.daemon.progress_report import ProgressReporter, serve_progress_report
+from orchestrator.daemon.reporting.progress_file import ProgressFile, RunFigures
+from orchestrator.daemon.reporting.progress_report import ProgressReporter, serve_progress_report
+from orchestrator.daemon.reporting.stall import StallWatch, serve_stall_watch
 from orchestrator.daemon.run_state import RunState
-from orchestrator.daemon.server_pool import ServerPool, serve_health_prober
 from orchestrator.daemon.settings import inflight_limit, probe_settings, sink_limits
 from orchestrator.daemon.shipper import Shipper
-from orchestrator.daemon.stall import StallWatch, serve_stall_watch
 from orchestrator.daemon.startup import (
     StartPoint,
     find_start_point,

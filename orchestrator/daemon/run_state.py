@@ -27,7 +27,7 @@ import trio
 from payload_gc import FileRemoval
 
 from orchestrator.core.staleness import Staleness
-from orchestrator.daemon.payload_account import PayloadAccount, payload_file_key
+from orchestrator.daemon.payload_files.account import PayloadAccount, payload_file_key
 from orchestrator.daemon.rejections import Rejections
 from orchestrator.payload import RoutingShape
 
@@ -134,7 +134,7 @@ class InflightLimits:
 @attrs.define
 class PayloadLedger:
     """The payload files written and deleted, and the running account of what is on disk
-    (no walk of the root: see orchestrator/daemon/payload_account.py)."""
+    (no walk of the root: see orchestrator/daemon/payload_files/account.py)."""
 
     # Files and bytes deleted, by reason: "discard", "sweep", "collection", "wipe".
     files_deleted: Counter[str] = attrs.field(factory=Counter)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from orchestrator.config import Config
 from orchestrator.core.inflight import InflightLimit
 from orchestrator.core.sink import SinkLimits
-from orchestrator.daemon.server_pool import ProbeSettings
+from orchestrator.daemon.inference.server_pool import ProbeSettings
 
 
 def inflight_limit(config: Config) -> InflightLimit:

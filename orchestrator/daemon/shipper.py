@@ -12,8 +12,8 @@ from orchestrator.config import Config
 from orchestrator.core.rollouts import TrainSample
 from orchestrator.core.sink import TrainSink
 from orchestrator.daemon.admission import Admission
-from orchestrator.daemon.payload_disk import PayloadDeleter
-from orchestrator.daemon.progress_file import ProgressFile, RunFigures
+from orchestrator.daemon.payload_files.disk import PayloadDeleter
+from orchestrator.daemon.reporting.progress_file import ProgressFile, RunFigures
 from orchestrator.daemon.run_state import RunState
 from orchestrator.daemon.shipping import NothingToShip, Shipment, ship_step
 from orchestrator.handoff import HandoffFormat

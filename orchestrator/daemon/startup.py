@@ -22,7 +22,7 @@ from orchestrator.handoff import (
     remove_partial_batches,
 )
 
-log = structlog.get_logger("orchestrator.startup")
+log = structlog.get_logger(__name__)
 
 
 @attrs.frozen

@@ -7,8 +7,8 @@ from __future__ import annotations
 import attrs
 
 from orchestrator.core.sink import TrainSink
-from orchestrator.daemon.payload_disk import PayloadDeleter
-from orchestrator.daemon.progress_file import ProgressFile
+from orchestrator.daemon.payload_files.disk import PayloadDeleter
+from orchestrator.daemon.reporting.progress_file import ProgressFile
 from orchestrator.daemon.run_state import RunState
 
 

@@ -49,7 +49,7 @@ class TopError:
 
 @attrs.frozen
 class ProgressLine:
-    """The figures of one `progress` log line (orchestrator/daemon/progress_report.py).
+    """The figures of one `progress` log line (orchestrator/daemon/reporting/progress_report.py).
 
     `step` is the batch being filled, `queued_samples` the samples ready for it of the
     `needed_samples` a batch takes, `inflight_rollouts` the rollouts running of the

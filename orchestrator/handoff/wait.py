@@ -12,7 +12,7 @@ from pathlib import Path
 import trio
 import watchfiles
 
-from orchestrator.handoff.native.store import batch_step_dir, is_complete_batch
+from orchestrator.handoff.native import batch_step_dir, is_complete_batch
 
 _MAX_WAKE_MS = 500
 

@@ -1,4 +1,4 @@
-"""Payloads by handle: segments, the writer, the inline codec, stitching and the reader.
+"""Payloads by handle: segments, the writer, stitching and the reader.
 
 Inference servers write routed expert ids and sampling masks into files under
 ``<root>/v<k>/`` and return small `PayloadSegment` records (docs/design.md §4); the orchestrator
@@ -11,8 +11,6 @@ from ._errors import BadSegment as BadSegment
 from ._errors import PayloadCorrupt as PayloadCorrupt
 from ._errors import PayloadError as PayloadError
 from ._errors import PayloadMissing as PayloadMissing
-from ._inline import decode_inline as decode_inline
-from ._inline import encode_inline as encode_inline
 from ._json import check_json_types as check_json_types
 from ._json import is_json_int as is_json_int
 from ._json import segment_object as segment_object
@@ -37,14 +35,11 @@ from ._stitch import stitch_inline_routing as stitch_inline_routing
 from ._stitch import stitch_masks as stitch_masks
 from ._stitch import stitch_routing as stitch_routing
 from ._validate import check_segment as check_segment
-from ._validate import check_segment_files as check_segment_files
 from ._validate import check_segment_layout as check_segment_layout
 from ._validate import check_within as check_within
 from ._validate import open_version_dir as open_version_dir
 from ._validate import regular_file_size as regular_file_size
-from ._validate import validate_payload_dir as validate_payload_dir
 from ._validate import validate_segment as validate_segment
-from ._validate import validate_segments as validate_segments
 from ._validate import version_dir as version_dir
 from ._writer import write_payload as write_payload
 from ._writer import write_payload_file as write_payload_file
@@ -63,13 +58,10 @@ __all__ = [
     "RoutingShape",
     "check_json_types",
     "check_segment",
-    "check_segment_files",
     "check_segment_layout",
     "check_within",
     "clip_segment",
     "compact_routed_experts",
-    "decode_inline",
-    "encode_inline",
     "is_digest_hex",
     "is_json_int",
     "open_version_dir",
@@ -87,9 +79,7 @@ __all__ = [
     "stitch_inline_routing",
     "stitch_masks",
     "stitch_routing",
-    "validate_payload_dir",
     "validate_segment",
-    "validate_segments",
     "version_dir",
     "write_payload",
     "write_payload_file",

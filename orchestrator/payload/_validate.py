@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 import math
-import os
 import stat
-from collections.abc import Iterable
 from pathlib import Path
 
 from payload_gc import (
     BadFileName,
     PayloadGCError,
     PayloadRootFiles,
-    RootMissing,
     VersionDir,
     VersionDirMissing,
     VersionDirRefused,
@@ -34,18 +31,6 @@ MAX_ROW_ELEMENTS = 1 << 22
 def version_dir(root: Path, version: int) -> Path:
     """The directory payloads of policy version `version` are written into: ``root/v<k>``."""
     return root / f"v{version}"
-
-
-def validate_payload_dir(payload_dir: Path, *, root: Path, version: int) -> None:
-    """Check that `payload_dir` is ``<root>/v<version>`` (compared lexically, no I/O).
-
-    Raises `BadSegment` with reason ``wrong_version_dir``.
-    """
-    expected = _normalize(version_dir(root, version))
-    if _normalize(payload_dir) != expected:
-        raise BadSegment(
-            "wrong_version_dir", "", f"payload dir {str(payload_dir)!r} is not {str(expected)!r}"
-        )
 
 
 def validate_segment(
@@ -159,56 +144,6 @@ def check_within(segment: PayloadSegment, file_size: int) -> None:
         )
 
 
-def validate_segments(
-    segments: Iterable[PayloadSegment], *, root: Path, version: int, check_files: bool
-) -> None:
-    """Validate a rollout's segments, which must live in ``<root>/v<version>``.
-
-    With `check_files`, look at the version directory and each file once, the way
-    payload_gc does (fd-relative, never following a link, never into a mount point): the
-    directory and the files must not be symbolic links (even ones pointing inside the
-    directory), the files must be regular files, and every segment must end within its
-    file. This blocks: callers on an event loop run it in a worker thread.
-
-    Raises `BadSegment` (see `validate_segment`, plus ``symlink``, ``mount_point`` and
-    ``not_regular_file``) or `PayloadMissing` for a missing file or directory.
-    """
-    segments = list(segments)
-    for segment in segments:
-        check_segment(segment)
-    if check_files:
-        try:
-            opened = PayloadRootFiles(root)
-        except RootMissing:
-            raise PayloadMissing(root, "no such payload root") from None
-        with opened:
-            check_segment_files(segments, files=opened, version=version)
-
-
-def check_segment_files(
-    segments: Iterable[PayloadSegment], *, files: PayloadRootFiles, version: int
-) -> dict[str, int]:
-    """The on-disk half of `validate_segments`, for segments that passed `check_segment`
-    (their names are plain): `v<version>` of the open root and each file are looked at
-    once; neither may be a symbolic link (nor the directory a mount point), the files must
-    be regular files, and every segment must end within its file. Returns each file's
-    size by name. Blocking.
-
-    Raises `BadSegment` (``symlink``, ``mount_point``, ``not_regular_file``,
-    ``out_of_range``) or `PayloadMissing`.
-    """
-    directory = open_version_dir(files, version)
-    sizes: dict[str, int] = {}
-    for segment in segments:
-        if segment.is_fill:
-            continue
-        size = sizes.get(segment.file)
-        if size is None:
-            size = sizes[segment.file] = regular_file_size(directory, segment.file)
-        check_within(segment, size)
-    return sizes
-
-
 def open_version_dir(files: PayloadRootFiles, version: int) -> VersionDir:
     """`v<version>` of the open root, with payload_gc's refusals as payload errors.
 
@@ -255,9 +190,3 @@ def _check_plain_name(name: str) -> None:
         return
     climbs = name in {".", ".."} or ".." in name.replace("\\", "/").split("/")
     raise BadSegment("traversal" if climbs else "not_plain_name", name, problem)
-
-
-def _normalize(path: Path) -> Path:
-    # Lexical only (normpath of the absolute path): resolving would follow symbolic links
-    # and touch the filesystem, which this pure check must not.
-    return Path(os.path.normpath(path.absolute()))

@@ -77,7 +77,7 @@ __all__ = [
     "serve_pd_deployment",
 ]
 
-log = structlog.get_logger("orchestrator.sim.inference")
+log = structlog.get_logger(__name__)
 
 
 @attrs.define

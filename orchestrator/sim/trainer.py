@@ -56,7 +56,7 @@ from orchestrator.handoff import (
     wait_for_step_dir,
 )
 
-log = structlog.get_logger("orchestrator.sim.trainer")
+log = structlog.get_logger(__name__)
 
 _T = TypeVar("_T")
 

@@ -22,7 +22,7 @@ from payload_gc import PayloadRootFiles
 
 from orchestrator.core.samples import build_sample
 from orchestrator.core.turns import TurnOutput
-from orchestrator.daemon.inference_client import check_turn_files
+from orchestrator.daemon.inference.client import check_turn_files
 from orchestrator.payload import (
     PayloadCorrupt,
     PayloadMissing,

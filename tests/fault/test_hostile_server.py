@@ -34,7 +34,7 @@ from orchestrator.commands.launch import launch_run
 from orchestrator.config import Config, load_config
 from orchestrator.daemon import RunOutcome
 from orchestrator.daemon.run_state import RunState
-from orchestrator.sim.inference import SimInferenceConfig, serve_inference
+from orchestrator.sim import SimInferenceConfig, serve_inference
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 CANARIES = 10

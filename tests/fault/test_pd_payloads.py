@@ -31,7 +31,7 @@ from _hostile_proxy import Exchange, Rewrite, rewriting, serve_hostile_proxy
 from orchestrator.commands.launch import launch_run
 from orchestrator.config import load_config
 from orchestrator.daemon import RunOutcome
-from orchestrator.sim.inference import SimInferenceConfig, serve_inference
+from orchestrator.sim import SimInferenceConfig, serve_inference
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 STEPS = 3

@@ -21,10 +21,10 @@ from orchestrator.core.rollouts import GroupResult
 from orchestrator.core.sink import TrainSink
 from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.dispatcher import Dispatcher
-from orchestrator.daemon.http11 import HTTP11Client
-from orchestrator.daemon.inference_client import encode_generate_request
+from orchestrator.daemon.inference.client import encode_generate_request
+from orchestrator.daemon.inference.http11 import HTTP11Client
+from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.run_state import RunState, Shipping
-from orchestrator.daemon.server_pool import ServerPool
 from orchestrator.daemon.settings import sink_limits
 from orchestrator.sim.environments import toy_environment
 from orchestrator.wire import InferenceFailure, build_generate_request

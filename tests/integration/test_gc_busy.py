@@ -40,7 +40,7 @@ from payload_gc import (
 from payload_gc._lock import current_owner
 from payload_gc.cli import main
 
-from orchestrator.daemon.payload_disk import unlink_files
+from orchestrator.daemon.payload_files.disk import unlink_files
 from orchestrator.daemon.startup import wipe_payload_root
 
 NFS = ".nfs000000000123abcd00000001"

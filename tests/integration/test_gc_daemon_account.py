@@ -16,7 +16,7 @@ import orchestrator.daemon.run as daemon_run
 from orchestrator.commands.launch import launch_run
 from orchestrator.config import Config, load_config
 from orchestrator.daemon import RunOutcome
-from orchestrator.daemon.payload_disk import tree_bytes
+from orchestrator.daemon.payload_files.disk import tree_bytes
 from orchestrator.daemon.run_state import RunState
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"

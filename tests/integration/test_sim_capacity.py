@@ -7,7 +7,7 @@ import httpx
 import numpy as np
 import trio
 
-from orchestrator.daemon.inference_client import encode_generate_request
+from orchestrator.daemon.inference.client import encode_generate_request
 from orchestrator.sim import SimInferenceConfig, SimModel, serve_inference
 from orchestrator.wire import build_generate_request
 

@@ -22,7 +22,7 @@ from payload_gc import PayloadRootFiles
 from orchestrator.config import Config, InferenceConfig, SimConfig
 from orchestrator.core.samples import build_sample
 from orchestrator.core.turns import TurnOutput
-from orchestrator.daemon.inference_client import check_turn_files
+from orchestrator.daemon.inference.client import check_turn_files
 from orchestrator.payload import RoutingShape, read_sample_payload
 from orchestrator.sim import FaultRates, SimInferenceConfig, SimModel, serve_inference
 from orchestrator.sim.fleet import sim_inference_config

@@ -18,9 +18,9 @@ import httpx
 import trio
 
 from orchestrator.config import Config, InferenceConfig, TrainerConfig
+from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.policy import PolicyWatcher
 from orchestrator.daemon.run_state import RunState, Shipping
-from orchestrator.daemon.server_pool import ServerPool
 from orchestrator.handoff import (
     STABLE_MARKER,
     newest_published_version,

@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.config import Config, ConfigError, InferenceConfig, load_config
-from orchestrator.config.sections import BatchConfig, TrainerConfig
+from orchestrator.config import (
+    BatchConfig,
+    Config,
+    ConfigError,
+    InferenceConfig,
+    TrainerConfig,
+    load_config,
+)
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 MINIMAL = 'run_dir = "run"\n[inference]\nurls = ["http://inference-0:8000"]\n'

@@ -15,14 +15,14 @@ import pytest
 import trio
 
 from orchestrator.commands.check_config import derived_values_comment
-from orchestrator.config import Config, ConfigError, InferenceConfig, load_config
-from orchestrator.config.sections import TrainerConfig
+from orchestrator.config import Config, ConfigError, InferenceConfig, TrainerConfig, load_config
 from orchestrator.daemon.shipping import ship_step, shipped_steps_of
 from orchestrator.daemon.startup import find_start_point
 from orchestrator.errors import UserError
 from orchestrator.handoff import (
     HANDOFF_FORMATS,
     NATIVE_FORMAT,
+    PRIME_RL_FORMAT,
     DroppedSample,
     HandoffSettings,
     Shipment,
@@ -35,7 +35,6 @@ from orchestrator.handoff import (
     handoff_format,
     shipped_steps_in,
 )
-from orchestrator.handoff.primerl import PRIME_RL_FORMAT
 from orchestrator.sim.trainer import SimTrainerConfig, serve_trainer
 
 TOY_FILE = "toy.json"

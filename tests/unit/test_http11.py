@@ -23,7 +23,8 @@ import pytest
 import trio
 import trio.testing
 
-from orchestrator.daemon.http11 import (
+from orchestrator.daemon.inference.client import post_generate
+from orchestrator.daemon.inference.http11 import (
     RECEIVE_BYTES,
     USER_AGENT,
     ByteBudget,
@@ -32,7 +33,6 @@ from orchestrator.daemon.http11 import (
     Origin,
     split_url,
 )
-from orchestrator.daemon.inference_client import post_generate
 from orchestrator.wire import GENERATE_PATH, InferenceFailure
 
 #: Seconds any one test may spend on real I/O before it fails.

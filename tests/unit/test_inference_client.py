@@ -23,7 +23,7 @@ import pytest
 from payload_gc import PayloadRootFiles
 
 from orchestrator.core.turns import TurnOutput
-from orchestrator.daemon.inference_client import check_turn_files
+from orchestrator.daemon.inference.client import check_turn_files
 from orchestrator.payload import PayloadSegment, RoutingShape, write_payload_file
 from orchestrator.wire import (
     REQUEST_KEYS,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from payload_gc import FileRemoval
 
-from orchestrator.daemon.payload_account import PayloadAccount, payload_file_key
+from orchestrator.daemon.payload_files.account import PayloadAccount, payload_file_key
 from orchestrator.daemon.run_state import PayloadLedger
 
 ROOT = Path("/runs/x/payloads")

@@ -1,4 +1,6 @@
-"""validate_segment / validate_segments: every rejection docs/design.md §4 asks for."""
+"""validate_segment, and the on-disk checks the daemon runs on a turn's files (open the
+version directory, each file's size, each segment within it): every rejection
+docs/design.md §4 asks for."""
 
 from __future__ import annotations
 
@@ -8,14 +10,17 @@ from typing import Any
 
 import attrs
 import pytest
+from payload_gc import PayloadRootFiles
 
 from orchestrator.payload import (
     BadSegment,
     PayloadMissing,
     PayloadSegment,
-    validate_payload_dir,
+    check_segment,
+    check_within,
+    open_version_dir,
+    regular_file_size,
     validate_segment,
-    validate_segments,
     version_dir,
 )
 
@@ -113,20 +118,27 @@ def test_rejects_bytes_past_file_size(tmp_path: Path) -> None:
         validate_segment(clipped, payload_dir=tmp_path, file_size=60)
 
 
-def test_wrong_version_dir(tmp_path: Path) -> None:
-    validate_payload_dir(tmp_path / "v3", root=tmp_path, version=3)
-    validate_payload_dir(tmp_path / "x" / ".." / "v3", root=tmp_path, version=3)
-    with pytest.raises(BadSegment) as info:
-        validate_payload_dir(tmp_path / "v2", root=tmp_path, version=3)
-    assert info.value.reason == "wrong_version_dir"
-    assert str(tmp_path / "v2") in str(info.value)
-
-
 def make_version_dir(root: Path, version: int, size: int) -> Path:
     payload_dir = version_dir(root, version)
     payload_dir.mkdir()
     (payload_dir / "a.bin").write_bytes(bytes(size))
     return payload_dir
+
+
+def validate_segments(
+    segments: list[PayloadSegment], *, root: Path, version: int, check_files: bool
+) -> None:
+    """A turn's segments checked as the daemon checks them (`check_segment` on the record;
+    then, with `check_files`, `v<version>` opened once and each file's size, no link
+    followed, as orchestrator.daemon.inference.client.check_turn_files does)."""
+    for segment in segments:
+        check_segment(segment)
+    if not check_files:
+        return
+    with PayloadRootFiles(root) as files:
+        directory = open_version_dir(files, version)
+        for segment in segments:
+            check_within(segment, regular_file_size(directory, segment.file))
 
 
 def test_validate_segments_checks_files(tmp_path: Path) -> None:

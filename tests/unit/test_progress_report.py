@@ -13,13 +13,13 @@ import trio
 import trio.testing
 
 from orchestrator.core.rollouts import Discard
-from orchestrator.daemon.progress_report import (
+from orchestrator.daemon.reporting.progress_report import (
     ProgressReporter,
     progress_line,
     serve_progress_report,
 )
-from orchestrator.daemon.run_snapshot import RunSnapshot
-from orchestrator.daemon.stall import DISCARD_HINTS, StallWatch
+from orchestrator.daemon.reporting.run_snapshot import RunSnapshot
+from orchestrator.daemon.reporting.stall import DISCARD_HINTS, StallWatch
 
 NO_DISCARDS = dict.fromkeys((d.value for d in Discard), 0)
 

@@ -11,13 +11,13 @@ import pytest
 import trio
 
 from orchestrator.core.staleness import Staleness
-from orchestrator.daemon.run_state import RunState, Shipping, Versions
-from orchestrator.daemon.server_pool import (
+from orchestrator.daemon.inference.server_pool import (
     InferenceUnavailable,
     ProbeSettings,
     ServerPool,
     serve_health_prober,
 )
+from orchestrator.daemon.run_state import RunState, Shipping, Versions
 
 A, B = "http://a:1", "http://b:2"
 

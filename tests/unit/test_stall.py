@@ -11,8 +11,8 @@ import trio
 import trio.testing
 
 from orchestrator.daemon.rejections import TopError
-from orchestrator.daemon.run_snapshot import RunSnapshot
-from orchestrator.daemon.stall import StallWatch, most_discarded, serve_stall_watch
+from orchestrator.daemon.reporting.run_snapshot import RunSnapshot
+from orchestrator.daemon.reporting.stall import StallWatch, most_discarded, serve_stall_watch
 
 
 def figures(

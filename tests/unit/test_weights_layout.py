@@ -15,15 +15,15 @@ from orchestrator.config import (
     Config,
     ConfigError,
     InferenceConfig,
+    InvalidValue,
     TrainerConfig,
     config_to_toml,
     load_config,
 )
-from orchestrator.config.errors import InvalidValue
 from orchestrator.core.staleness import Staleness
+from orchestrator.daemon.inference.server_pool import ProbeSettings, ServerPool, serve_health_prober
 from orchestrator.daemon.policy import PolicyWatcher
 from orchestrator.daemon.run_state import RunState, Shipping, Versions
-from orchestrator.daemon.server_pool import ProbeSettings, ServerPool, serve_health_prober
 from orchestrator.daemon.startup import wait_for_version
 from orchestrator.handoff import (
     MODEL_FILE,

@@ -16,9 +16,9 @@ import trio
 from hypothesis import HealthCheck, given, settings
 
 from orchestrator.config import Config, InferenceConfig, TrainerConfig
+from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.policy import PolicyWatcher
 from orchestrator.daemon.run_state import RunState, Shipping
-from orchestrator.daemon.server_pool import ServerPool
 from orchestrator.handoff import (
     MODEL_FILE,
     STABLE_MARKER,

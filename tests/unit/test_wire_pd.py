@@ -25,7 +25,7 @@ from orchestrator.core.samples import build_sample
 from orchestrator.core.sink import SinkLimits, TrainSink
 from orchestrator.core.staleness import Staleness
 from orchestrator.core.turns import TurnOutput
-from orchestrator.daemon.inference_client import check_turn_files
+from orchestrator.daemon.inference.client import check_turn_files
 from orchestrator.payload import (
     PayloadSegment,
     RoutingShape,

@@ -29,7 +29,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, gener
 from orchestrator.asgi_server import IDLE_DEADLINE_S as IDLE_DEADLINE_S
 from orchestrator.asgi_server import bind_socket, serve_asgi
 
-log = structlog.get_logger("orchestrator.daemon.metrics")
+log = structlog.get_logger(__name__)
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 

@@ -32,9 +32,6 @@ from orchestrator.handoff.primerl.store import (
     publish_primerl_step_async as publish_primerl_step_async,
 )
 from orchestrator.handoff.primerl.store import rank_file_name as rank_file_name
-from orchestrator.handoff.primerl.store import (
-    remove_partial_primerl_steps as remove_partial_primerl_steps,
-)
 from orchestrator.handoff.primerl.store import shipped_primerl_steps as shipped_primerl_steps
 from orchestrator.handoff.primerl.store import (
     unfinished_primerl_steps as unfinished_primerl_steps,
@@ -62,7 +59,6 @@ __all__ = [
     "rank_file_name",
     "ranks_ready",
     "read_primerl_step",
-    "remove_partial_primerl_steps",
     "shipped_primerl_steps",
     "unfinished_primerl_steps",
 ]

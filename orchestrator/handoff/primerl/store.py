@@ -65,7 +65,6 @@ from orchestrator.handoff.dropped import DroppedSample, NothingToShip
 from orchestrator.handoff.durable import (
     BatchExists,
     publish_step_dir,
-    remove_partial_batches,
     write_file_synced,
     write_new_file,
 )
@@ -84,7 +83,7 @@ from orchestrator.payload import (
     PayloadMissing,
     read_sample_payload,
 )
-from orchestrator.wire.generate import SAMPLING_TEMPERATURE
+from orchestrator.wire import SAMPLING_TEMPERATURE
 
 __all__ = [
     "MANIFEST_FILE",
@@ -96,12 +95,11 @@ __all__ = [
     "publish_primerl_step",
     "publish_primerl_step_async",
     "rank_file_name",
-    "remove_partial_primerl_steps",
     "shipped_primerl_steps",
     "unfinished_primerl_steps",
 ]
 
-log = structlog.get_logger("orchestrator.handoff.primerl")
+log = structlog.get_logger(__name__)
 
 MANIFEST_FILE = "orchestrator.json"
 MANIFEST_FORMAT = "rollout-orchestrator.prime-rl-step/1"
@@ -181,15 +179,6 @@ def unfinished_primerl_steps(rollouts_dir: Path, data_world_size: int) -> list[i
         if MANIFEST_FILE in names or any(n.startswith("rank_") for n in names):
             found.append(step)
     return sorted(found)
-
-
-def remove_partial_primerl_steps(rollouts_dir: Path) -> int:
-    """Delete the `.tmp-*` leftovers of steps cut short by a crash; return how many.
-
-    The same rule as native batches (`remove_partial_batches`): only at start-up, before
-    shipping; a link is unlinked, never followed.
-    """
-    return remove_partial_batches(rollouts_dir)
 
 
 def publish_primerl_step(

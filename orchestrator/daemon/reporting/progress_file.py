@@ -12,10 +12,10 @@ import attrs
 import trio
 
 from orchestrator.core.sink import TrainSink
-from orchestrator.daemon.progress_report import ProgressReporter
-from orchestrator.daemon.run_snapshot import RunSnapshot, snapshot
+from orchestrator.daemon.reporting.progress_report import ProgressReporter
+from orchestrator.daemon.reporting.run_snapshot import RunSnapshot, snapshot
+from orchestrator.daemon.reporting.stall import StallWatch
 from orchestrator.daemon.run_state import RunState
-from orchestrator.daemon.stall import StallWatch
 from orchestrator.handoff import Progress, save_progress
 
 

@@ -28,7 +28,7 @@ from payload_gc import (
     scan_root,
 )
 
-from orchestrator.daemon.payload_account import payload_file_key
+from orchestrator.daemon.payload_files.account import payload_file_key
 from orchestrator.daemon.run_state import PayloadLedger
 
 log = structlog.get_logger(__name__)

@@ -15,7 +15,7 @@ import msgspec
 from payload_gc import PayloadRootFiles
 
 from orchestrator.core.turns import TurnOutput
-from orchestrator.daemon.http11 import HTTP11Client, HTTPFailure
+from orchestrator.daemon.inference.http11 import HTTP11Client, HTTPFailure
 from orchestrator.httpx_body import request_bytes
 from orchestrator.payload import (
     PayloadError,

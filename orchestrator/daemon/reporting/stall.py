@@ -28,8 +28,8 @@ import structlog
 import trio
 
 from orchestrator.daemon.rejections import top_error
-from orchestrator.daemon.run_snapshot import RunSnapshot, grown
-from orchestrator.handoff.progress import TopError
+from orchestrator.daemon.reporting.run_snapshot import RunSnapshot, grown
+from orchestrator.handoff import TopError
 
 log = structlog.get_logger(__name__)
 

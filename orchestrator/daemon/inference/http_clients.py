@@ -1,9 +1,9 @@
 """The daemon's two HTTP clients: a lean one for generate requests, httpx for the rest.
 
 Generate requests are the daemon's hot path, hundreds in flight: they go through
-`orchestrator.daemon.http11`, whose per-request cost is a fraction of httpx's (docs/benchmarks.md).
-Weight updates and health probes are a few requests per step: they use httpx, on a client
-of their own so they never queue behind generate requests.
+`orchestrator.daemon.inference.http11`, whose per-request cost is a fraction of httpx's
+(docs/benchmarks.md). Weight updates and health probes are a few requests per step: they
+use httpx, on a client of their own so they never queue behind generate requests.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import attrs
 import httpx
 import trio
 
-from orchestrator.daemon.http11 import HTTP11Client
+from orchestrator.daemon.inference.http11 import HTTP11Client
 
 
 @attrs.frozen

@@ -19,7 +19,7 @@ import httpx
 import structlog
 import trio
 
-from orchestrator.daemon.inference_client import post_update_weights
+from orchestrator.daemon.inference.client import post_update_weights
 from orchestrator.daemon.run_state import RunState
 from orchestrator.wire import HEALTH_PATH, InferenceFailure
 

@@ -2,7 +2,7 @@
 
 At scale a batch takes minutes to fill; between `shipped batch` lines the daemon would
 otherwise say nothing, and a run that discards every rollout would look the same as one
-that fills slowly until the stall warning (orchestrator/daemon/stall.py). The line says:
+that fills slowly until the stall warning (orchestrator/daemon/reporting/stall.py). The line says:
 
 - `step`: the batch being filled; `queued_samples` ready for it of the `needed_samples`
   a batch takes; `inflight_rollouts` running;
@@ -28,8 +28,8 @@ import attrs
 import structlog
 import trio
 
-from orchestrator.daemon.run_snapshot import RunSnapshot, grown
-from orchestrator.handoff.progress import ProgressLine
+from orchestrator.daemon.reporting.run_snapshot import RunSnapshot, grown
+from orchestrator.handoff import ProgressLine
 
 log = structlog.get_logger(__name__)
 
