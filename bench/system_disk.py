@@ -198,9 +198,9 @@ def run_once(
         f"staleness.max_async_steps={MAX_ASYNC_STEPS}",
         f"sim.train_time_s={args.train_time}",
         "trainer.poll_interval_s=0.05",
-        "env.prompt_len_min=32",
-        "env.prompt_len_max=96",
-        "env.max_tokens=32",
+        "sim.prompt_len_min=32",
+        "sim.prompt_len_max=96",
+        "sim.max_tokens=32",
     ]
     run_dir = base / label.replace(" ", "-")
     with sim_servers(2, SHAPE, cores.fleet) as urls:

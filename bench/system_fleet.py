@@ -30,7 +30,7 @@ from orchestrator.daemon.run_state import RunState
 from orchestrator.logs import configure_logging
 
 REPO = Path(__file__).resolve().parent.parent
-DEMO = REPO / "configs" / "demo.toml"
+DEMO = REPO / "configs" / "sim.toml"
 
 
 @attrs.frozen

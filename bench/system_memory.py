@@ -77,9 +77,9 @@ def workload_overrides(steps: int) -> list[str]:
         'payload.mode="by_handle"',
         "sim.train_time_s=0.0",
         "trainer.poll_interval_s=0.05",
-        "env.prompt_len_min=16",
-        "env.prompt_len_max=64",
-        "env.max_tokens=16",
+        "sim.prompt_len_min=16",
+        "sim.prompt_len_max=64",
+        "sim.max_tokens=16",
     ]
 
 

@@ -74,7 +74,7 @@ from orchestrator.handoff import (
 
 MOUNT = REPO / "tests" / "netmount" / "mount.sh"
 UMOUNT = REPO / "tests" / "netmount" / "umount.sh"
-DEMO = REPO / "configs" / "demo.toml"
+DEMO = REPO / "configs" / "sim.toml"
 FILESYSTEMS = ("local", "cache", "nocache")
 DESCRIBE = {
     "local": "local disk",

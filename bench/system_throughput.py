@@ -116,11 +116,11 @@ class RoundResult:
 def workload_overrides(args: argparse.Namespace, mode: str, workload: Workload) -> list[str]:
     return [
         f"max_steps={args.steps}",
-        'env.name="math"',
-        f"env.prompt_len_min={workload.prompt_min}",
-        f"env.prompt_len_max={workload.prompt_max}",
-        "env.max_tokens=8",
-        "env.max_turns=1",
+        'sim.env="math"',
+        f"sim.prompt_len_min={workload.prompt_min}",
+        f"sim.prompt_len_max={workload.prompt_max}",
+        "sim.max_tokens=8",
+        "sim.max_turns=1",
         f"batch.size={args.batch_size}",
         f"batch.group_size={args.group_size}",
         f"inference.max_inflight={args.max_inflight}",

@@ -33,13 +33,13 @@ LONG_STEP_S = 0.005
 def workload_overrides(size: int, steps: int) -> list[str]:
     return [
         f"max_steps={steps}",
-        'env.name="math"',
-        f"env.prompt_len_min={PROMPT_MIN}",
-        f"env.prompt_len_max={PROMPT_MAX}",
-        f"env.max_tokens={MAX_TOKENS}",
-        "env.max_turns=1",
+        'sim.env="math"',
+        f"sim.prompt_len_min={PROMPT_MIN}",
+        f"sim.prompt_len_max={PROMPT_MAX}",
+        f"sim.max_tokens={MAX_TOKENS}",
+        "sim.max_turns=1",
         # Keep every group with a learning signal: fewer rollouts thrown away per batch.
-        "env.curriculum_min_mean_reward=0.0",
+        "batch.curriculum_min_mean_reward=0.0",
         f"batch.size={size}",
         f"batch.group_size={GROUP_SIZE}",
         "batch.max_seq_len=8192",

@@ -17,8 +17,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the resolved config as TOML (exit 0); a bad config raises ConfigError (exit 2)."""
+    """Print the resolved config as TOML (exit 0). A bad config raises ConfigError, and
+    real tasks that do not load (a dataset, a column, the tokenizer, a reward function)
+    raise UserError: one line, exit 2."""
+    from orchestrator.tasks.build import check_tasks
+
     config = config_from_args(args)
+    check_tasks(config)
     sys.stdout.write(derived_values_comment(config) + "\n" + config_to_toml(config))
     return 0
 

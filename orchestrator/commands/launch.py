@@ -1,6 +1,7 @@
 """A run as `orchestrator run` composes it: the simulator's fleet beside the daemon when
-the config's `[sim]` section asks for one, the environment its `[env]` section names, and
-the hand-off format of `[trainer] format`.
+the config's `[sim]` section asks for one, the environment (the real tasks of its
+`[[env]]`s, or the simulator's toy environment when it lists none), and the hand-off
+format of `[trainer] format`.
 
 The daemon itself (`orchestrator.daemon.run_daemon`) knows nothing of the simulator: it is
 given the servers' URLs and the environment. Tests and benchmarks that run a whole run
@@ -10,7 +11,8 @@ in-process call `launch_run` as the command does.
 from __future__ import annotations
 
 import socket
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 import trio
 
@@ -20,19 +22,31 @@ from orchestrator.daemon import RunOutcome, RunState, Stop, run_daemon
 from orchestrator.handoff import handoff_format
 from orchestrator.sim.environments import toy_environment
 from orchestrator.sim.fleet import serve_local_fleet
+from orchestrator.tasks.build import open_task_environment
 
 
-def environment_of(config: Config) -> Environment:
-    """The environment `[env]` names (the simulator's toy environments, for now)."""
-    env = config.env
+def toy_environment_of(config: Config) -> Environment:
+    """The simulator's toy environment `[sim] env` names (a run that lists no [[env]])."""
+    sim = config.sim
     return toy_environment(
-        env.name,
-        prompt_len_min=env.prompt_len_min,
-        prompt_len_max=env.prompt_len_max,
-        vocab_size=config.sim.vocab_size,
-        max_turns=env.max_turns,
+        sim.env,
+        prompt_len_min=sim.prompt_len_min,
+        prompt_len_max=sim.prompt_len_max,
+        vocab_size=sim.vocab_size,
+        max_turns=sim.max_turns,
+        max_tokens=sim.max_tokens,
         seed=config.seed,
     )
+
+
+@asynccontextmanager
+async def open_environment(config: Config) -> AsyncIterator[Environment]:
+    """The run's environment: its `[[env]]`s' real tasks, or the toy one."""
+    if not config.env:
+        yield toy_environment_of(config)
+        return
+    async with open_task_environment(config) as environment:
+        yield environment
 
 
 async def launch_run(
@@ -42,16 +56,17 @@ async def launch_run(
     metrics_sockets: Sequence[socket.socket] = (),
     task_status: trio.TaskStatus[RunState] = trio.TASK_STATUS_IGNORED,
 ) -> RunOutcome:
-    """Start the local fleet `config` asks for (if any), run the daemon against it and the
-    `[inference] urls`, stop the fleet when the daemon returns. Raises what `run_daemon`
-    raises, unwrapped from this function's own nursery."""
+    """Open the run's environment, start the local fleet `config` asks for (if any), run
+    the daemon against it and the `[inference] urls`, stop the fleet when the daemon
+    returns. Raises `UserError` for tasks that do not load (before anything starts), and
+    what `run_daemon` raises, unwrapped from this function's own nursery."""
     try:
-        async with trio.open_nursery() as nursery:
+        async with open_environment(config) as environment, trio.open_nursery() as nursery:
             fleet: list[str] = await nursery.start(serve_local_fleet, config)
             outcome = await run_daemon(
                 config,
                 servers=[*config.inference.urls, *fleet],
-                environment=environment_of(config),
+                environment=environment,
                 handoff=handoff_format(config.trainer.format),
                 stop=stop,
                 metrics_sockets=metrics_sockets,

@@ -124,6 +124,7 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
         invariants,
         duration_s=outcome.duration_s,
         first_step=outcome.first_step,
+        by_env=outcome.sink.by_env,
     )
     data["stopped_by"] = stop.reason if stopped else None
     data["forced_by"] = stop.forced_by if stopped else None

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 from payload_gc import PayloadGCError, RootMissing, human_bytes, scan_root
 
+from orchestrator.core.sink import EnvTally
 from orchestrator.daemon.run_state import RunState
 from orchestrator.handoff import BatchFormat, shipped_steps_in
 
@@ -121,7 +123,10 @@ def summary_data(
     *,
     duration_s: float,
     first_step: int,
+    by_env: Mapping[str, EnvTally] | None = None,
 ) -> dict[str, Any]:
+    """The summary's figures as JSON-able data (`--summary-json`); `by_env` is the sink's
+    tally by environment."""
     return {
         "steps": state.shipping.next_step - 1,
         "first_step": first_step,
@@ -137,6 +142,16 @@ def summary_data(
         "bytes_deleted": dict(state.payload.bytes_deleted),
         "peak_payload_bytes": state.payload.peak_bytes,
         "final_payload_bytes": state.payload.bytes,
+        "envs": {
+            name: {
+                "scored": tally.scored,
+                "mean_reward": None if tally.mean_reward is None else round(tally.mean_reward, 4),
+                "shipped": tally.shipped,
+                "discards": dict(tally.discards),
+                "prompts_skipped": state.dispatch.prompts_skipped.get(name, 0),
+            }
+            for name, tally in sorted((by_env or {}).items())
+        },
         "invariants": [attrs.asdict(i) for i in invariants],
     }
 
@@ -162,8 +177,15 @@ def render_summary(data: dict[str, Any]) -> str:
         f"{human_bytes(deleted_bytes)} ({pairs(data['files_deleted'])})",
         f"disk           peak {human_bytes(data['peak_payload_bytes'])}, "
         f"at exit {human_bytes(data['final_payload_bytes'])}",
-        "invariants",
     ]
+    for name, env in data.get("envs", {}).items():
+        mean = "n/a" if env["mean_reward"] is None else f"{env['mean_reward']:.3f}"
+        skipped = f", {env['prompts_skipped']} prompts skipped" if env["prompts_skipped"] else ""
+        lines.append(
+            f"env {name or '(unnamed)':<10} mean reward {mean} over {env['scored']} rollouts, "
+            f"{env['shipped']} samples shipped; discards {pairs(env['discards'])}{skipped}"
+        )
+    lines.append("invariants")
     if data.get("stopped_by"):
         how = "at once (second signal)" if data.get("forced_by") else "gracefully"
         lines.insert(

@@ -20,17 +20,19 @@ from orchestrator.config.errors import ConfigError, InvalidValue, first_problem
 from orchestrator.config.sections import BatchConfig as BatchConfig
 from orchestrator.config.sections import Config as Config
 from orchestrator.config.sections import EnvConfig as EnvConfig
-from orchestrator.config.sections import EnvName as EnvName
 from orchestrator.config.sections import FinalTokenRoute as FinalTokenRoute
 from orchestrator.config.sections import InferenceConfig as InferenceConfig
 from orchestrator.config.sections import MetricsConfig as MetricsConfig
+from orchestrator.config.sections import ModelConfig as ModelConfig
 from orchestrator.config.sections import PayloadConfig as PayloadConfig
 from orchestrator.config.sections import PayloadField as PayloadField
 from orchestrator.config.sections import PayloadMode as PayloadMode
 from orchestrator.config.sections import ProgressConfig as ProgressConfig
+from orchestrator.config.sections import RewardsConfig as RewardsConfig
 from orchestrator.config.sections import ShutdownConfig as ShutdownConfig
 from orchestrator.config.sections import SimConfig as SimConfig
 from orchestrator.config.sections import StalenessConfig as StalenessConfig
+from orchestrator.config.sections import ToyEnvName as ToyEnvName
 from orchestrator.config.sections import TrainerConfig as TrainerConfig
 from orchestrator.config.sources import (
     Override,
@@ -45,17 +47,19 @@ __all__ = [
     "Config",
     "ConfigError",
     "EnvConfig",
-    "EnvName",
     "FinalTokenRoute",
     "InferenceConfig",
     "MetricsConfig",
+    "ModelConfig",
     "PayloadConfig",
     "PayloadField",
     "PayloadMode",
     "ProgressConfig",
+    "RewardsConfig",
     "ShutdownConfig",
     "SimConfig",
     "StalenessConfig",
+    "ToyEnvName",
     "TrainerConfig",
     "add_config_arguments",
     "config_from_args",
@@ -75,6 +79,13 @@ def load_config(path: Path, overrides: Sequence[str] = ()) -> Config:
     """
     parsed = [parse_override(text) for text in overrides]
     document = apply_overrides(read_toml_file(path), parsed, source=path)
+    if isinstance(document.get("env"), dict):
+        raise ConfigError(
+            f"{path}: [env] is a single table: environments are [[env]] entries now (a "
+            "dataset with reward functions each); the simulator's toy environment and its "
+            "keys moved to [sim] (env, prompt_len_min, prompt_len_max, max_tokens, "
+            "max_turns), the curriculum to [batch]"
+        )
     try:
         return _CONVERTER.structure(document, Config)
     except (BaseValidationError, InvalidValue) as exc:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import attrs
 import cattrs
+from cattrs.errors import BaseValidationError, IterableValidationError, IterableValidationNote
 from cattrs.gen import make_dict_structure_fn
 
 from orchestrator.config.errors import InvalidValue, format_toml_value
@@ -139,6 +140,10 @@ def _tuple_hook(cls: Any, converter: cattrs.Converter) -> Hook:
                 items.append(structure_item(item, item_type))
             except InvalidValue as exc:
                 raise exc.under(f"[{index}]") from None
+            except BaseValidationError as exc:
+                # A table of an array of tables (`[[env]]`): its problems keep their index.
+                exc.add_note(IterableValidationNote(f"@ index {index}", index, item_type))
+                raise IterableValidationError(f"in {describe_type(value)}", [exc], cls) from None
         return tuple(items)
 
     return structure_tuple

@@ -8,6 +8,7 @@ directories, whether payloads travel by handle) are properties, computed from th
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -32,6 +33,7 @@ from orchestrator.config.reply_limits import (
     derived_max_buffered_reply_bytes,
     derived_max_reply_bytes,
 )
+from orchestrator.core.environments import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from orchestrator.core.inflight import INFLIGHT_MODES, InflightMode
 from orchestrator.core.staleness import Staleness
 from orchestrator.handoff import (
@@ -48,7 +50,8 @@ from orchestrator.reply_form_names import DEFAULT_REPLY_FORM, REPLY_FORM_NAMES, 
 PayloadMode = Literal["auto", "by_handle", "inline"]
 PayloadField = Literal["routed_experts", "sampling_mask"]
 FinalTokenRoute = Literal["repeat", "sentinel"]
-EnvName = Literal["mixed", "math", "chat"]
+# The simulator's toy environments (`[sim] env`): random token ids scored by a hash.
+ToyEnvName = Literal["mixed", "math", "chat"]
 # How the trainer names its weights' step directories.
 WeightsLayout = StepLayout
 
@@ -112,6 +115,11 @@ class BatchConfig:
     # Ship exactly `size` samples, pruning the excess (discard reason "pruned").
     constant_size: bool = True
     max_seq_len: int = attrs.field(default=8192, validator=at_least(2))
+    # A group whose mean reward falls outside [min, max] is discarded ("curriculum").
+    curriculum_min_mean_reward: float = 0.0
+    curriculum_max_mean_reward: float = attrs.field(
+        default=1.0, validator=not_below_sibling("curriculum_min_mean_reward")
+    )
 
 
 @attrs.frozen
@@ -193,22 +201,104 @@ class TrainerConfig:
 
 
 @attrs.frozen
-class EnvConfig:
-    """The toy environments that produce prompts and score rollouts."""
+class ModelConfig:
+    """The model the servers run, as the daemon needs it: its tokenizer."""
 
-    # "math" is single-turn, "chat" multi-turn, "mixed" draws from both.
-    name: EnvName = "mixed"
-    prompt_len_min: int = attrs.field(default=64, validator=at_least(1))
-    prompt_len_max: int = attrs.field(
-        default=512, validator=[at_least(1), not_below_sibling("prompt_len_min")]
-    )
-    max_tokens: int = attrs.field(default=256, validator=at_least(1))
-    max_turns: int = attrs.field(default=3, validator=at_least(1))
-    # A group whose mean reward falls outside [min, max] is discarded ("curriculum").
-    curriculum_min_mean_reward: float = 0.0
-    curriculum_max_mean_reward: float = attrs.field(
-        default=1.0, validator=not_below_sibling("curriculum_min_mean_reward")
-    )
+    # A local folder with the model's tokenizer files (tokenizer.json, tokenizer_config.json
+    # with its chat template). Nothing is ever downloaded. Required by every [[env]].
+    tokenizer: Path | None = attrs.field(default=None, converter=_optional_absolute_path)
+
+
+@attrs.frozen
+class RewardsConfig:
+    """Where reward functions run: worker processes on this machine."""
+
+    # Worker processes; 0 is one per core of the machine.
+    workers: int = attrs.field(default=0, validator=at_least(0))
+    # The longest one rollout's rewards may take; a call past it is killed ("reward_failed").
+    timeout_s: float = attrs.field(default=30.0, validator=greater_than(0))
+
+
+def _env_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not _ENV_NAME.fullmatch(value):
+        raise InvalidValue(
+            "must be a name of letters, digits, '_', '-' and '.' (it names the env in "
+            "batches, logs and metrics)",
+            value=value,
+            key=attribute.name,
+        )
+
+
+_ENV_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+@attrs.frozen
+class EnvConfig:
+    """One environment of real tasks (`[[env]]`): a dataset of prompts with reward
+    functions, or a plugin built by a factory (docs/design.md § Real tasks)."""
+
+    name: str = attrs.field(validator=_env_name)
+    # A .jsonl file, a .parquet file, or a folder written by `datasets` (save_to_disk).
+    dataset: Path | None = attrs.field(default=None, converter=_optional_absolute_path)
+    # The column holding the user message as text, or the one holding a chat message list.
+    prompt: str | None = None
+    messages: str | None = None
+    system_prompt: str | None = None
+    # The column handed to reward functions as `answer`.
+    answer: str | None = None
+    # Reward functions as "module:function" import paths, summed with `reward_weights`.
+    rewards: tuple[str, ...] = ()
+    reward_weights: tuple[float, ...] = ()
+    # Share of rollouts drawn from this env when several are listed.
+    ratio: float = attrs.field(default=1.0, validator=greater_than(0))
+    # Sampling for this env's requests.
+    max_tokens: int = attrs.field(default=512, validator=at_least(1))
+    temperature: float = attrs.field(default=DEFAULT_TEMPERATURE, validator=at_least(0))
+    top_p: float = attrs.field(default=DEFAULT_TOP_P, validator=[greater_than(0), fraction])
+    top_k: int = attrs.field(default=DEFAULT_TOP_K, validator=at_least(-1))
+    # A plugin environment ("module:function" building it from `args`), and the most
+    # turns its episodes may take.
+    factory: str | None = None
+    args: dict[str, Any] = attrs.field(factory=dict)
+    max_turns: int = attrs.field(default=1, validator=at_least(1))
+
+    def __attrs_post_init__(self) -> None:
+        if (self.dataset is None) == (self.factory is None):
+            raise InvalidValue(
+                "needs exactly one of dataset (prompts from a dataset, scored by rewards) "
+                "and factory (a plugin environment)",
+                value=self.name,
+                key="name",
+            )
+        if self.dataset is not None and (self.prompt is None) == (self.messages is None):
+            raise InvalidValue(
+                "needs exactly one of prompt (a column of user messages as text) and "
+                "messages (a column of chat message lists)",
+                value=self.name,
+                key="name",
+            )
+        if self.dataset is not None and not self.rewards:
+            raise InvalidValue(
+                'must list at least one reward function ("module:function")',
+                value=list(self.rewards),
+                key="rewards",
+            )
+        if self.reward_weights and len(self.reward_weights) != len(self.rewards):
+            raise InvalidValue(
+                f"must have one weight per reward function ({len(self.rewards)}), "
+                "or be left out (1 each)",
+                value=list(self.reward_weights),
+                key="reward_weights",
+            )
+        if self.args and self.factory is None:
+            raise InvalidValue(
+                "are the factory's arguments: set factory too", value=self.args, key="args"
+            )
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """One weight per reward function (1 each when `reward_weights` is left out)."""
+        return self.reward_weights or (1.0,) * len(self.rewards)
 
 
 @attrs.frozen
@@ -217,6 +307,16 @@ class SimConfig:
 
     # N local inference servers started by `run`; 0 uses [inference] urls instead.
     inference_servers: int = attrs.field(default=0, validator=at_least(0))
+    # The toy environment the run trains on when it lists no [[env]]: "math" is
+    # single-turn, "chat" multi-turn, "mixed" draws from both (random token ids scored by
+    # a hash: the simulator's own tests and benchmarks).
+    env: ToyEnvName = "mixed"
+    prompt_len_min: int = attrs.field(default=64, validator=at_least(1))
+    prompt_len_max: int = attrs.field(
+        default=512, validator=[at_least(1), not_below_sibling("prompt_len_min")]
+    )
+    max_tokens: int = attrs.field(default=256, validator=at_least(1))
+    max_turns: int = attrs.field(default=3, validator=at_least(1))
     # Run the local trainer in-process (false when a trainer runs elsewhere).
     trainer: bool = False
     train_time_s: float = attrs.field(default=0.5, validator=at_least(0))
@@ -224,6 +324,9 @@ class SimConfig:
     top_k: int = attrs.field(default=8, validator=at_least(1))
     num_experts: int = attrs.field(default=128, validator=at_least(1))
     vocab_size: int = attrs.field(default=32000, validator=at_least(1))
+    # The token a natural stop ends with (the model's EOS): with real tasks, the
+    # tokenizer's end-of-turn token, so that completions stop the way the model's do.
+    eos_token_id: int = attrs.field(default=2, validator=at_least(0))
     # How the local servers answer: "prime-rl" (packed inline, or segments by handle) or
     # "upstream" (vLLM as released: .npy routing, mask lists, payload_dir ignored).
     reply_form: ReplyFormName = attrs.field(
@@ -247,6 +350,13 @@ class SimConfig:
     def __attrs_post_init__(self) -> None:
         # Here rather than a validator on top_k, so that num_experts' own check runs first.
         not_above_sibling("num_experts")(self, attrs.fields(SimConfig).top_k, self.top_k)
+        if self.eos_token_id >= self.vocab_size:
+            raise InvalidValue(
+                f"must be below {{0}} ({self.vocab_size}): a token id of the vocabulary",
+                value=self.eos_token_id,
+                key="eos_token_id",
+                siblings=["vocab_size"],
+            )
 
 
 @attrs.frozen
@@ -295,7 +405,9 @@ class Config:
     payload: PayloadConfig = attrs.field(factory=PayloadConfig)
     inference: InferenceConfig = attrs.field(factory=InferenceConfig)
     trainer: TrainerConfig = attrs.field(factory=TrainerConfig)
-    env: EnvConfig = attrs.field(factory=EnvConfig)
+    model: ModelConfig = attrs.field(factory=ModelConfig)
+    env: tuple[EnvConfig, ...] = ()
+    rewards: RewardsConfig = attrs.field(factory=RewardsConfig)
     sim: SimConfig = attrs.field(factory=SimConfig)
     metrics: MetricsConfig = attrs.field(factory=MetricsConfig)
     progress: ProgressConfig = attrs.field(factory=ProgressConfig)
@@ -307,6 +419,7 @@ class Config:
         _check_routing_shape(self)
         _check_reply_limits(self)
         _check_trainer_format(self)
+        _check_envs(self)
 
     @property
     def payload_root(self) -> Path:
@@ -338,8 +451,27 @@ class Config:
             weights_layout=self.trainer.weights_layout,
             data_world_size=self.trainer.data_world_size,
             seq_len=self.train_seq_len,
-            env_name=self.env.name,
+            env_name=self.env[0].name if len(self.env) == 1 else self.sim.env,
         )
+
+    @property
+    def max_completion_tokens(self) -> int:
+        """The longest completion any request asks for: the largest `max_tokens` of the
+        `[[env]]`s, or the toy environment's (`sim.max_tokens`)."""
+        if self.env:
+            return max(env.max_tokens for env in self.env)
+        return self.sim.max_tokens
+
+    @property
+    def max_context_tokens(self) -> int:
+        """The longest conversation a request may carry: `batch.max_seq_len`, or longer
+        for the toy environment's turns."""
+        if self.env:
+            return max(
+                self.batch.max_seq_len, max(env.max_turns * env.max_tokens for env in self.env)
+            )
+        sim = self.sim
+        return max(self.batch.max_seq_len, sim.prompt_len_max + sim.max_turns * sim.max_tokens)
 
     @property
     def state_dir(self) -> Path:
@@ -387,20 +519,18 @@ class Config:
     @property
     def max_reply_bytes(self) -> int:
         """The most bytes of one generate reply the daemon reads: `inference.max_reply_bytes`,
-        or derived from the payload mode, `env.max_tokens` and the prompt bound (the larger
-        of `batch.max_seq_len` and every turn's tokens), and the model's routing shape when
+        or derived from the payload mode, the longest completion and conversation
+        (`max_completion_tokens`, `max_context_tokens`), and the model's routing shape when
         the config knows it (`routing_shape`; see `orchestrator.config.reply_limits`)."""
         if self.inference.max_reply_bytes:
             return self.inference.max_reply_bytes
-        env, shape = self.env, self.routing_shape
+        shape = self.routing_shape
         model = None if shape is None else ModelShape(shape.layers, shape.top_k)
         return derived_max_reply_bytes(
             by_handle=self.by_handle,
             fields=self.payload.fields,
-            max_tokens=env.max_tokens,
-            max_context_tokens=max(
-                self.batch.max_seq_len, env.prompt_len_max + env.max_turns * env.max_tokens
-            ),
+            max_tokens=self.max_completion_tokens,
+            max_context_tokens=self.max_context_tokens,
             model=model,
         )
 
@@ -476,6 +606,31 @@ def _check_trainer_format(config: Config) -> None:
             value=trainer.seq_len,
             key="trainer.seq_len",
         )
+
+
+def _check_envs(config: Config) -> None:
+    names = [env.name for env in config.env]
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            raise InvalidValue(
+                "names another [[env]] already: each env needs its own name",
+                value=name,
+                key=f"env[{index}].name",
+            )
+    if config.env and config.model.tokenizer is None:
+        raise InvalidValue(
+            "must name the model's local tokenizer folder: [[env]] prompts are rendered "
+            f"with its chat template (env {names[0]!r})",
+            key="model.tokenizer",
+        )
+    for index, env in enumerate(config.env):
+        if env.dataset is not None and env.max_tokens >= config.batch.max_seq_len:
+            raise InvalidValue(
+                f"must be below batch.max_seq_len ({config.batch.max_seq_len}): the prompt "
+                "needs room too",
+                value=env.max_tokens,
+                key=f"env[{index}].max_tokens",
+            )
 
 
 def _check_routing_shape(config: Config) -> None:

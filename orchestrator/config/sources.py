@@ -104,19 +104,41 @@ def apply_overrides(
     """A copy of `document` (read from `source`) with each override set at its dotted key.
 
     Overrides apply in order, so a later one wins. Missing tables on the way are created
-    (an unknown one is reported later, like any unknown key). Raises ConfigError when a
-    key goes through a value that is not a table.
+    (an unknown one is reported later, like any unknown key). A number part indexes an
+    array of tables (`env.0.max_tokens`: the first `[[env]]`). Raises ConfigError when a
+    key goes through a value that is not a table, or indexes past an array's end.
     """
     merged = copy.deepcopy(document)
     for override in overrides:
-        table = merged
+        table: dict[str, Any] | list[Any] = merged
         for depth, part in enumerate(override.parts[:-1]):
-            inner = table.setdefault(part, {})
-            if not isinstance(inner, dict):
-                above = ".".join(override.parts[: depth + 1])
-                raise ConfigError(
-                    f"{source} (--set {override.key}): '{above}' is a value, not a table of keys"
-                )
-            table = inner
-        table[override.parts[-1]] = override.value
+            above = ".".join(override.parts[: depth + 1])
+            table = _step(table, part, above, source, override.key)
+        last = override.parts[-1]
+        if isinstance(table, list):
+            raise ConfigError(
+                f"{source} (--set {override.key}): '{last}' must name a key of one of the "
+                f"array's tables, e.g. --set {override.key}.0.<key>=..."
+            )
+        table[last] = override.value
     return merged
+
+
+def _step(
+    table: dict[str, Any] | list[Any], part: str, above: str, source: Path, key: str
+) -> dict[str, Any] | list[Any]:
+    """What `part` names inside `table`: a table (created when missing), or an array of
+    tables (indexed by a number part next)."""
+    if isinstance(table, list):
+        if not part.isdigit() or int(part) >= len(table):
+            raise ConfigError(
+                f"{source} (--set {key}): '{above}' is past the array of tables "
+                f"(it has {len(table)}: index 0 .. {len(table) - 1})"
+            )
+        inner = table[int(part)]
+    else:
+        inner = table.setdefault(part, {})
+    is_tables = isinstance(inner, list) and all(isinstance(item, dict) for item in inner)
+    if not isinstance(inner, dict) and not is_tables:
+        raise ConfigError(f"{source} (--set {key}): '{above}' is a value, not a table of keys")
+    return inner  # type: ignore[no-any-return]

@@ -23,7 +23,9 @@ def config_to_toml(config: Config) -> str:
     written as a comment saying what it resolves to.
     """
     document = attrs.asdict(config, value_serializer=_toml_value)
-    top = {key: value for key, value in document.items() if not isinstance(value, dict)}
+    top = {
+        key: _without_nones(value) for key, value in document.items() if not isinstance(value, dict)
+    }
     tables = [
         _table_to_toml(name, table, config)
         for name, table in document.items()
@@ -41,6 +43,13 @@ def _table_to_toml(name: str, table: dict[str, Any], config: Config) -> str:
         if value is None
     ]
     return tomli_w.dumps({name: present}) + "".join(comments)
+
+
+def _without_nones(value: object) -> object:
+    """An array of tables (`[[env]]`) without its unset keys (TOML has no null)."""
+    if isinstance(value, list | tuple) and all(isinstance(item, dict) for item in value):
+        return [{k: v for k, v in item.items() if v is not None} for item in value]
+    return value
 
 
 def _default_directories(config: Config) -> dict[str, Path]:

@@ -4,10 +4,18 @@ An environment is a small protocol the daemon is given (`run_daemon(environment=
 it hands out the run's prompts by index, answers each completion with the tokens of the
 next turn's message (or ends the episode), and scores the finished trajectory. Prompts go
 by index so that a resumed run goes on with the prompt after the last one it drew
-instead of replaying the run's first ones; `reply` and `score` are coroutines, so an
-environment may do its work off the event loop (in a worker thread or process, or on
-another machine) without the daemon knowing. The simulator's toy environments
-(`orchestrator.sim.environments`) are one implementation.
+instead of replaying the run's first ones. All three are coroutines, so an environment
+may do its work off the event loop (tokenizing in a worker thread, rewards in worker
+processes or on another machine) without the daemon knowing. Each prompt says how it is
+sampled (`Sampling`: the request's sampling parameters and stop tokens) and how many
+turns its episode may take at most.
+
+An environment refuses a prompt it cannot use (a dataset row whose prompt does not fit
+the sequence budget) with `PromptSkipped`, which the daemon counts and moves on from; a
+score it cannot give (a reward function that raised, hung, or killed its worker) with
+`ScoreFailed`, which discards the rollout as `reward_failed`. The simulator's toy
+environments (`orchestrator.sim.environments`) and the real tasks
+(`orchestrator.tasks`) are implementations.
 """
 
 from __future__ import annotations
@@ -20,21 +28,61 @@ import numpy as np
 
 from orchestrator.core.arrays import ARRAY_EQ, token_array
 
+#: vLLM's sampling defaults the daemon sends unless an environment says otherwise.
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 0.95
+DEFAULT_TOP_K = 50
+
+
+@attrs.frozen
+class Sampling:
+    """How a prompt's turns are sampled: the generate request's `sampling_params`
+    (`stop_token_ids`: the model's end-of-generation tokens; vLLM stops at its own eos
+    too) and the most turns its episode may take."""
+
+    max_tokens: int = attrs.field(default=256, validator=attrs.validators.ge(1))
+    temperature: float = attrs.field(default=DEFAULT_TEMPERATURE, validator=attrs.validators.ge(0))
+    top_p: float = attrs.field(default=DEFAULT_TOP_P)
+    top_k: int = attrs.field(default=DEFAULT_TOP_K)
+    stop_token_ids: tuple[int, ...] = ()
+    max_turns: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+
 
 @attrs.frozen
 class Prompt:
     """A task instance: what every task has, whatever the environment.
 
     `token_ids`: the first turn's prompt; `env`: the name of the environment it came from
-    (for logs and for an environment made of several); `info`: what the environment keeps
-    about it to reply and score (a dataset row, an answer, a hidden difficulty), opaque to
-    the daemon.
+    (it travels with every sample into the batch); `sampling`: how its turns are sampled;
+    `info`: what the environment keeps about it to reply and score (a dataset row, an
+    answer, the conversation so far, a hidden difficulty), opaque to the daemon.
     """
 
     prompt_id: str
     token_ids: np.ndarray = attrs.field(converter=token_array, eq=ARRAY_EQ, hash=False)
     env: str = ""
     info: Mapping[str, Any] = attrs.field(factory=dict, hash=False)
+    sampling: Sampling = Sampling()
+
+
+class PromptSkipped(Exception):
+    """`Environment.prompt` cannot use this index (e.g. a row longer than the budget):
+    the daemon counts it under the environment's name and draws the next one."""
+
+    def __init__(self, env: str, reason: str) -> None:
+        super().__init__(f"{env}: {reason}")
+        self.env = env
+        self.reason = reason
+
+
+class ScoreFailed(Exception):
+    """`Environment.score` cannot score the trajectory: `kind` says why ("raised",
+    "timeout", "worker_died", "bad_value"); the rollout is discarded as `reward_failed`."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
 
 
 class Environment(Protocol):
@@ -45,10 +93,10 @@ class Environment(Protocol):
         """The environment's name, for logs."""
         ...
 
-    def prompt(self, index: int) -> Prompt:
+    async def prompt(self, index: int) -> Prompt:
         """The run's prompt number `index` (0, 1, ...): the same index always gives the
-        same prompt, so a resumed run continues where the last one stopped. Must not
-        block (it runs on the event loop)."""
+        same prompt, so a resumed run continues where the last one stopped. Raises
+        `PromptSkipped` for an index it cannot use."""
         ...
 
     async def reply(
@@ -59,5 +107,6 @@ class Environment(Protocol):
         ...
 
     async def score(self, prompt: Prompt, completions: Sequence[np.ndarray]) -> float:
-        """The trajectory's reward, from every turn's completion."""
+        """The trajectory's reward, from every turn's completion. Raises `ScoreFailed`
+        when it cannot be given."""
         ...

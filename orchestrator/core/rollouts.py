@@ -23,6 +23,7 @@ import attrs
 import numpy as np
 
 from orchestrator.core.arrays import ARRAY_EQ, float_array, frozen_arrays, mask_array, token_array
+from orchestrator.core.environments import DEFAULT_TEMPERATURE
 from orchestrator.payload import FIELDS, PayloadSegment
 
 
@@ -36,6 +37,7 @@ class Discard(enum.Enum):
     UNTRAINABLE = "untrainable"  # no loss tokens, over the sequence length, poisoned payload
     PRUNED = "pruned"  # beyond a constant trainer batch size
     FAILED = "failed"  # the request failed
+    REWARD_FAILED = "reward_failed"  # its reward could not be computed (raised, hung, ...)
 
 
 @attrs.frozen
@@ -74,7 +76,8 @@ class RolloutResult:
 
     `files` are the absolute paths of every payload file its successful turns wrote
     (names validated, so deleting them can never touch anything outside the payload root).
-    A failed rollout (`failed` set) has no samples and no reward.
+    A failed rollout (`failed` set) has no samples and no reward; `failure` says under
+    which reason the sink discards it (the request failed, or its reward did).
     """
 
     rollout_id: str
@@ -83,6 +86,7 @@ class RolloutResult:
     samples: tuple[Sample, ...] = ()
     files: frozenset[str] = frozenset()
     failed: str | None = None
+    failure: Discard = Discard.FAILED
 
 
 @attrs.frozen
@@ -90,7 +94,9 @@ class GroupResult:
     """All members of one group, as handed from the dispatcher to the sink.
 
     `server` is the URL of the inference server every member ran on (a group is pinned
-    to one); it goes into each shipped sample so a trainer can name it. `dispatched_at`
+    to one); it goes into each shipped sample so a trainer can name it, as do `env` (the
+    environment its prompt came from) and `temperature` (its sampling temperature, which
+    a trainer that recomputes logprobs needs). `dispatched_at`
     (on the daemon's clock) and `dispatched_step` (the batch being filled then) say when
     it was dispatched, for the in-flight limit (orchestrator/core/inflight.py).
     """
@@ -99,6 +105,8 @@ class GroupResult:
     start_version: int
     rollouts: tuple[RolloutResult, ...]
     server: str | None = None
+    env: str = ""
+    temperature: float = DEFAULT_TEMPERATURE
     dispatched_at: float | None = None
     dispatched_step: int | None = None
 
@@ -120,7 +128,8 @@ class TrainSample:
     inline (per field, the stitched array, one row per position), or not at all (no
     payload fields requested, or routing dropped because of a gap).
     `server` is the URL of the inference server that generated the rollout, when known
-    (a reader names it when it drops the sample for a bad payload).
+    (a reader names it when it drops the sample for a bad payload); `env` the environment
+    its prompt came from; `temperature` the temperature it was sampled at.
 
     Raises ValueError when the fields are inconsistent (lengths, versions, payload forms).
     """
@@ -142,6 +151,8 @@ class TrainSample:
         default=None, converter=frozen_arrays, eq=ARRAY_EQ, hash=False
     )
     server: str | None = None
+    env: str = ""
+    temperature: float = DEFAULT_TEMPERATURE
 
     def __attrs_post_init__(self) -> None:
         length = len(self.token_ids)

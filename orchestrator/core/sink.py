@@ -16,7 +16,7 @@ up exactly once as shipped, queued, abandoned (`drop_all`) or counted under one 
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 
 import attrs
@@ -119,7 +119,9 @@ def _judge(group: GroupResult, limits: SinkLimits, bound: int) -> _Verdict:
         return _Verdict(discards, ())
 
     scored = [rollout for rollout in group.rollouts if rollout.failed is None]
-    discards[Discard.FAILED] = len(group.rollouts) - len(scored)
+    for rollout in group.rollouts:
+        if rollout.failed is not None:
+            discards[rollout.failure] += 1
     if not scored:
         return _Verdict(discards, ())
     mean_reward = math.fsum(rollout.reward for rollout in scored) / len(scored)
@@ -149,6 +151,8 @@ def _judge(group: GroupResult, limits: SinkLimits, bound: int) -> _Verdict:
                         payload_dir=sample.payload_dir if sample.payload else None,
                         inline=sample.inline,
                         server=group.server,
+                        env=group.env,
+                        temperature=group.temperature,
                     ),
                     sample.files,
                 )
@@ -163,6 +167,22 @@ def _judge(group: GroupResult, limits: SinkLimits, bound: int) -> _Verdict:
         discards[Discard.CURRICULUM] = len(survivors)
         return _Verdict(discards, ())
     return _Verdict(discards, tuple(survivors))
+
+
+@attrs.define
+class EnvTally:
+    """What the sink saw of one environment's groups: rollouts scored and their rewards,
+    discards by reason (units, as `TrainSink.counters`), samples shipped."""
+
+    scored: int = 0
+    reward_sum: float = 0.0
+    discards: Counter[str] = attrs.field(factory=Counter)
+    shipped: int = 0
+
+    @property
+    def mean_reward(self) -> float | None:
+        """The mean reward of the scored rollouts (None before the first)."""
+        return self.reward_sum / self.scored if self.scored else None
 
 
 @attrs.define
@@ -182,6 +202,7 @@ class TrainSink:
     _admitted: int = attrs.field(default=0, init=False)
     _shipped: int = attrs.field(default=0, init=False)
     _abandoned: int = attrs.field(default=0, init=False)
+    _by_env: dict[str, EnvTally] = attrs.field(factory=dict, init=False)
 
     # -- state, read-only ---------------------------------------------------------------
 
@@ -189,6 +210,11 @@ class TrainSink:
     def counters(self) -> Mapping[str, int]:
         """Discarded units by reason (`Discard` value), every reason present (a copy)."""
         return {reason.value: count for reason, count in self._counters.items()}
+
+    @property
+    def by_env(self) -> Mapping[str, EnvTally]:
+        """The tally of each environment groups came from (its name: "" when unnamed)."""
+        return self._by_env
 
     @property
     def queued_samples(self) -> int:
@@ -238,7 +264,8 @@ class TrainSink:
 
         1. *stale*: the group's start version is below `min_fresh_version(next_step, m)`:
            every member is discarded.
-        2. *failed*: each failed member is discarded.
+        2. *failed* / *reward_failed*: each failed member is discarded (its request, or its
+           reward, failed).
         3. advantages: each member's reward minus the mean reward of the non-failed ones.
         4. *untrainable*: a branch marked untrainable, without loss tokens or longer than
            `max_seq_len` is discarded (so is a member that yielded no branch).
@@ -253,8 +280,15 @@ class TrainSink:
         bound = self.limits.staleness.min_fresh_version(next_step)
         verdict = _judge(group, self.limits, bound)
         self._admitted += sum(_units(rollout) for rollout in group.rollouts)
+        tally = self._by_env.setdefault(group.env, EnvTally())
+        for rollout in group.rollouts:
+            if rollout.failed is None:
+                tally.scored += 1
+                tally.reward_sum += rollout.reward
         for reason, count in verdict.discards.items():
             self._counters[reason] += count
+            if count:
+                tally.discards[reason.value] += count
         if verdict.queued:
             for queued in verdict.queued:
                 self._refs.hold(queued.files)
@@ -315,6 +349,8 @@ class TrainSink:
         shipped_files = self._leave(batch)
         assert not shipped_files, "a pinned file was reported deletable"
         self._shipped += len(batch)
+        for queued in batch:
+            self._by_env.setdefault(queued.sample.env, EnvTally()).shipped += 1
         self._counters[Discard.PRUNED] += len(pruned)
         deletable.extend(self._leave(pruned))
         return [queued.sample for queued in batch], sorted(set(deletable))

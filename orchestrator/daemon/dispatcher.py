@@ -23,8 +23,8 @@ from payload_gc import PayloadGCError, PayloadRootFiles
 from orchestrator.config import Config
 from orchestrator.core.admission import DispatchGate, Pipe
 from orchestrator.core.arrays import TOKEN_DTYPE
-from orchestrator.core.environments import Environment, Prompt
-from orchestrator.core.rollouts import GroupResult, RolloutResult
+from orchestrator.core.environments import Environment, Prompt, PromptSkipped, ScoreFailed
+from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult
 from orchestrator.core.samples import build_sample
 from orchestrator.core.sink import TrainSink
 from orchestrator.core.turns import TurnOutput
@@ -94,14 +94,15 @@ class Dispatcher:
         async with self.results, trio.open_nursery() as nursery:
             task_status.started()
             while True:
+                # Drawn before the gate opens, so that tokenizing it never delays a group.
+                prompt = await self._next_prompt()
                 while not self._may_start():
                     await self.state.wait_changed()
                 server = self.pool.pick()
-                if server is None:
+                while server is None:
                     # Every server is down: wait for the prober to bring one back.
                     await self.state.wait_changed()
-                    continue
-                prompt = self.environment.prompt(dispatch.prompts_drawn)
+                    server = self.pool.pick()
                 dispatch.prompts_drawn += 1
                 group_id = f"g{dispatch.prompts_drawn:07d}-{prompt.prompt_id}"
                 # Counted here, not in the task, so the gate sees it before the next pass.
@@ -116,6 +117,24 @@ class Dispatcher:
                     Dispatched(trio.current_time(), self.state.shipping.next_step),
                 )
                 await trio.lowlevel.checkpoint()
+
+    async def _next_prompt(self) -> Prompt:
+        """The environment's prompt at `prompts_drawn` (counted once dispatched); an index
+        it skips is counted by environment and passed over."""
+        dispatch = self.state.dispatch
+        while True:
+            try:
+                return await self.environment.prompt(dispatch.prompts_drawn)
+            except PromptSkipped as skipped:
+                dispatch.prompts_drawn += 1
+                if not dispatch.prompts_skipped[skipped.env]:
+                    log.warning(
+                        "prompt skipped",
+                        env=skipped.env,
+                        reason=skipped.reason,
+                        note="once per env",
+                    )
+                dispatch.prompts_skipped[skipped.env] += 1
 
     def _may_start(self) -> bool:
         state = self.state
@@ -186,14 +205,7 @@ class Dispatcher:
             # version directory may already be collected: checking its files would only
             # report them missing.
             await self._check_files([run for run in runs if run is not None])
-        rollouts = tuple(
-            [
-                await self._finish(run, prompt)
-                if run is not None
-                else RolloutResult(f"{group_id}-r{i}", start_version, failed="cancelled")
-                for i, run in enumerate(runs)
-            ]
-        )
+        rollouts = await self._finish_all(group_id, start_version, runs, prompt)
         async with results:
             await results.send(
                 GroupResult(
@@ -201,10 +213,36 @@ class Dispatcher:
                     start_version,
                     rollouts,
                     server=server,
+                    env=prompt.env,
+                    temperature=prompt.sampling.temperature,
                     dispatched_at=dispatched.at,
                     dispatched_step=dispatched.step,
                 )
             )
+
+    async def _finish_all(
+        self,
+        group_id: str,
+        start_version: int,
+        runs: Sequence[RolloutRun | None],
+        prompt: Prompt,
+    ) -> tuple[RolloutResult, ...]:
+        """Every member scored (concurrently: a reward may run in a worker process or on
+        another machine) and turned into its result, in member order."""
+        finished: list[RolloutResult | None] = [None] * len(runs)
+
+        async def finish(index: int, run: RolloutRun) -> None:
+            finished[index] = await self._finish(run, prompt)
+
+        async with trio.open_nursery() as nursery:
+            for index, run in enumerate(runs):
+                if run is None:
+                    finished[index] = RolloutResult(
+                        f"{group_id}-r{index}", start_version, failed="cancelled"
+                    )
+                else:
+                    nursery.start_soon(finish, index, run)
+        return tuple(result for result in finished if result is not None)
 
     async def _check_files(self, runs: Sequence[RolloutRun]) -> None:
         """Check every segment file of the group on disk, in one worker-thread call.
@@ -275,7 +313,8 @@ class Dispatcher:
         # rows ended (its last sampled token was never run forward), never for rows the
         # rollout already holds.
         routing_start = 0
-        for turn_index in range(config.env.max_turns):
+        sampling = prompt.sampling
+        for turn_index in range(sampling.max_turns):
             if stop.is_set():
                 run.failed = "stopped: the group can no longer ship"
                 return run
@@ -285,7 +324,7 @@ class Dispatcher:
                 build_generate_request(
                     request_id=f"{rollout_id}-t{turn_index}",
                     token_ids=run.tokens,
-                    max_tokens=config.env.max_tokens,
+                    sampling=sampling,
                     seed=_seed(config.seed, rollout_id, turn_index),
                     payload_dir=payload_dir,
                     routing_start=routing_start if wants_routing else None,
@@ -335,9 +374,20 @@ class Dispatcher:
             stopped = run.failed.startswith("stopped")
             dispatch.rollouts["stopped" if stopped else "failed"] += 1
             return RolloutResult(run.rollout_id, run.version, files=files, failed=run.failed)
-        reward = await self.environment.score(
-            prompt, [turn.completion_ids for _, turn in run.turns]
-        )
+        try:
+            reward = await self.environment.score(
+                prompt, [turn.completion_ids for _, turn in run.turns]
+            )
+        except ScoreFailed as exc:
+            # Logged by the environment (once per env and kind, with its traceback).
+            dispatch.rollouts["reward_failed"] += 1
+            return RolloutResult(
+                run.rollout_id,
+                run.version,
+                files=files,
+                failed=f"reward failed: {exc}",
+                failure=Discard.REWARD_FAILED,
+            )
         try:
             sample, routing_dropped = build_sample(
                 run.rollout_id,

@@ -101,13 +101,16 @@ class Shipping:
 class Dispatch:
     """Written by the dispatcher (and by the end of the run, which stops it)."""
 
-    # Prompts drawn from the environment (the next group's prompt is this index).
+    # Prompts drawn from the environment (the next group's prompt is this index), and
+    # those it skipped, by environment (a dataset row whose prompt does not fit).
     prompts_drawn: int = 0
+    prompts_skipped: Counter[str] = attrs.field(factory=Counter)
     # Rollouts dispatched whose group the sink has not taken yet.
     inflight_rollouts: int = 0
     groups: dict[str, InflightGroup] = attrs.field(factory=dict)
-    # Outcomes of rollouts ("completed", "failed", "poisoned", "stopped") and failures by
-    # kind; every failure is recorded through `rejections` (its counts are `failures`).
+    # Outcomes of rollouts ("completed", "failed", "poisoned", "stopped", "reward_failed")
+    # and failures by kind; every failure is recorded through `rejections` (its counts are
+    # `failures`).
     rollouts: Counter[str] = attrs.field(factory=Counter)
     failures: Counter[str] = attrs.field(factory=Counter)
     rejections: Rejections = attrs.field(

@@ -22,8 +22,8 @@ def sink_limits(config: Config) -> SinkLimits:
         batch_size=config.batch.size,
         constant_size=config.batch.constant_size,
         staleness=config.staleness,
-        curriculum_min_mean_reward=config.env.curriculum_min_mean_reward,
-        curriculum_max_mean_reward=config.env.curriculum_max_mean_reward,
+        curriculum_min_mean_reward=config.batch.curriculum_min_mean_reward,
+        curriculum_max_mean_reward=config.batch.curriculum_max_mean_reward,
         max_seq_len=config.batch.max_seq_len,
     )
 

@@ -16,7 +16,7 @@ import attrs
 import numpy as np
 
 from orchestrator.core.arrays import TOKEN_DTYPE
-from orchestrator.core.environments import Environment, Prompt
+from orchestrator.core.environments import Environment, Prompt, Sampling
 
 #: The toy environments, by the name `[env] name` gives.
 TOY_ENVIRONMENTS = ("math", "chat", "mixed")
@@ -58,7 +58,7 @@ class _PromptShape(Protocol):
 
 
 def _random_prompt(
-    env: _PromptShape, rng: random.Random, difficulty: Callable[[], float]
+    env: _PromptShape, rng: random.Random, difficulty: Callable[[], float], sampling: Sampling
 ) -> Prompt:
     """A prompt of `env`'s lengths and vocabulary, drawn from `rng`, with the hidden
     difficulty `difficulty()` draws (from the same `rng`, after the tokens). The token ids
@@ -68,7 +68,8 @@ def _random_prompt(
     generator = np.random.default_rng(rng.getrandbits(64))
     tokens = generator.integers(1, env.vocab_size, size=length, dtype=np.int32)
     info = {"difficulty": difficulty()}
-    return Prompt(f"{env.name}-{rng.getrandbits(48):012x}", tokens, env.name, info)
+    prompt_id = f"{env.name}-{rng.getrandbits(48):012x}"
+    return Prompt(prompt_id, tokens, env.name, info, sampling)
 
 
 @attrs.frozen
@@ -79,14 +80,16 @@ class MathEnvironment:
     prompt_len_max: int
     vocab_size: int
     seed: int = 0
+    max_tokens: int = 256
     name: str = "math"
 
-    def prompt(self, index: int) -> Prompt:
+    async def prompt(self, index: int) -> Prompt:
         return self._draw(_prompt_rng(self.seed, index))
 
     def _draw(self, rng: random.Random) -> Prompt:
         # A third of prompts are trivial or impossible: their groups have no signal.
-        return _random_prompt(self, rng, lambda: rng.choice([0.0, 1.0, rng.random()]))
+        sampling = Sampling(max_tokens=self.max_tokens)
+        return _random_prompt(self, rng, lambda: rng.choice([0.0, 1.0, rng.random()]), sampling)
 
     async def reply(
         self, prompt: Prompt, turn: int, completion_ids: np.ndarray
@@ -111,13 +114,15 @@ class ChatEnvironment:
     vocab_size: int
     max_turns: int
     seed: int = 0
+    max_tokens: int = 256
     name: str = "chat"
 
-    def prompt(self, index: int) -> Prompt:
+    async def prompt(self, index: int) -> Prompt:
         return self._draw(_prompt_rng(self.seed, index))
 
     def _draw(self, rng: random.Random) -> Prompt:
-        return _random_prompt(self, rng, rng.random)
+        sampling = Sampling(max_tokens=self.max_tokens, max_turns=self.max_turns)
+        return _random_prompt(self, rng, rng.random, sampling)
 
     async def reply(
         self, prompt: Prompt, turn: int, completion_ids: np.ndarray
@@ -145,7 +150,7 @@ class MixedEnvironment:
     def _pick(self, prompt: Prompt) -> Environment:
         return self.chat if prompt.env == self.chat.name else self.math
 
-    def prompt(self, index: int) -> Prompt:
+    async def prompt(self, index: int) -> Prompt:
         rng = _prompt_rng(self.seed, index)
         if rng.random() < 0.5:
             return self.chat._draw(rng)
@@ -167,12 +172,15 @@ def toy_environment(
     prompt_len_max: int,
     vocab_size: int,
     max_turns: int,
+    max_tokens: int = 256,
     seed: int = 0,
 ) -> Environment:
-    """The toy environment called `name` (one of `TOY_ENVIRONMENTS`). Raises ValueError
-    for another name."""
-    math = MathEnvironment(prompt_len_min, prompt_len_max, vocab_size, seed)
-    chat = ChatEnvironment(prompt_len_min, prompt_len_max, vocab_size, max_turns, seed)
+    """The toy environment called `name` (one of `TOY_ENVIRONMENTS`): prompts of
+    `prompt_len_min .. prompt_len_max` token ids below `vocab_size`, `max_tokens` per
+    turn, up to `max_turns` turns in the multi-turn one. Raises ValueError for another
+    name."""
+    math = MathEnvironment(prompt_len_min, prompt_len_max, vocab_size, seed, max_tokens)
+    chat = ChatEnvironment(prompt_len_min, prompt_len_max, vocab_size, max_turns, seed, max_tokens)
     environments: dict[str, Environment] = {
         "math": math,
         "chat": chat,

@@ -40,6 +40,7 @@ def sim_model(config: Config) -> SimModel:
         num_experts=config.sim.num_experts,
         top_k=config.sim.top_k,
         vocab_size=config.sim.vocab_size,
+        eos_token_id=config.sim.eos_token_id,
     )
 
 

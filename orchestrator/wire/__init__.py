@@ -5,7 +5,6 @@ both build on it (docs/protocol.md)."""
 from orchestrator.wire.generate import (
     REQUEST_KEYS,
     SAMPLING_KEYS,
-    SAMPLING_TEMPERATURE,
     InferenceFailure,
     build_generate_request,
     parse_generate_response,
@@ -23,7 +22,6 @@ __all__ = [
     "HEALTH_PATH",
     "REQUEST_KEYS",
     "SAMPLING_KEYS",
-    "SAMPLING_TEMPERATURE",
     "UPDATE_WEIGHTS_PATH",
     "InferenceFailure",
     "build_generate_request",

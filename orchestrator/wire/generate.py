@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 
 from orchestrator.core.arrays import TOKEN_DTYPE
+from orchestrator.core.environments import Sampling
 from orchestrator.core.turns import TurnOutput
 from orchestrator.payload import BadSegment, PayloadSegment, RoutingShape
 from orchestrator.wire.arrays import (
@@ -40,6 +41,7 @@ SAMPLING_KEYS = frozenset(
         "top_p",
         "top_k",
         "seed",
+        "stop_token_ids",
         "logprobs",
         "routed_experts_prompt_start",
         "extra_args",
@@ -48,8 +50,6 @@ SAMPLING_KEYS = frozenset(
 
 
 _MAX_TOKEN_ID = int(np.iinfo(TOKEN_DTYPE).max)
-#: The sampling temperature of every request (a trainer that replays the sampler needs it).
-SAMPLING_TEMPERATURE = 1.0
 
 
 class InferenceFailure(Exception):
@@ -78,37 +78,44 @@ def build_generate_request(
     *,
     request_id: str,
     token_ids: Sequence[int] | np.ndarray,
-    max_tokens: int,
     seed: int,
     payload_dir: Path | None,
     routing_start: int | None,
+    sampling: Sampling | None = None,
+    max_tokens: int | None = None,
     model: str = "",
 ) -> dict[str, Any]:
     """The JSON body of a generate request: only keys vLLM's `GenerateRequest` defines.
 
-    `routing_start` (sent only when the daemon wants routing) asks for routing rows from
-    that position on: the daemon holds the earlier ones from the rollout's previous turns.
-    Whether a server captures routing and masks at all is its own setting, not a request
-    field; `payload_dir` asks prime-rl's extension to write them by handle.
+    `sampling` (the prompt's: vLLM's defaults when None) gives `max_tokens` (unless
+    `max_tokens` overrides it), `temperature`, `top_p`, `top_k` and `stop_token_ids` (sent
+    when not empty). `routing_start` (sent only when the daemon wants routing) asks for
+    routing rows from that position on: the daemon holds the earlier ones from the
+    rollout's previous turns. Whether a server captures routing and masks at all is its
+    own setting, not a request field; `payload_dir` asks prime-rl's extension to write
+    them by handle.
     """
-    sampling: dict[str, Any] = {
-        "max_tokens": max_tokens,
-        "temperature": SAMPLING_TEMPERATURE,
-        "top_p": 0.95,
-        "top_k": 50,
+    params = Sampling() if sampling is None else sampling
+    sampling_params: dict[str, Any] = {
+        "max_tokens": params.max_tokens if max_tokens is None else max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
         "seed": seed,
         # The sampled token's logprob (vLLM returns it with the top-1).
         "logprobs": 1,
     }
+    if params.stop_token_ids:
+        sampling_params["stop_token_ids"] = list(params.stop_token_ids)
     if routing_start is not None:
-        sampling["routed_experts_prompt_start"] = routing_start
+        sampling_params["routed_experts_prompt_start"] = routing_start
     if payload_dir is not None:
-        sampling["extra_args"] = {"payload_dir": str(payload_dir)}
+        sampling_params["extra_args"] = {"payload_dir": str(payload_dir)}
     body: dict[str, Any] = {"request_id": request_id}
     if model:
         body["model"] = model
     body["token_ids"] = np.asarray(token_ids).tolist()
-    body["sampling_params"] = sampling
+    body["sampling_params"] = sampling_params
     return body
 
 

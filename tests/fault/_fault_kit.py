@@ -20,7 +20,7 @@ import attrs
 
 from orchestrator.config import Config, config_to_toml, load_config
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 # A fresh interpreter imports trio, httpx, numpy and hypercorn: give it time on a busy CI box.
 SERVER_READY_DEADLINE_S = 30.0
 

@@ -36,7 +36,7 @@ from orchestrator.daemon import RunOutcome
 from orchestrator.daemon.run_state import RunState
 from orchestrator.sim import SimInferenceConfig, serve_inference
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 CANARIES = 10
 CANARY_BYTES = 4096
 STEPS = 3

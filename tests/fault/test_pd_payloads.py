@@ -33,7 +33,7 @@ from orchestrator.config import load_config
 from orchestrator.daemon import RunOutcome
 from orchestrator.sim import SimInferenceConfig, serve_inference
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 STEPS = 3
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ from orchestrator.daemon.run_state import RunState
 from orchestrator.errors import UserError
 from orchestrator.handoff import BATCH_FILE, read_batch_file, shipped_steps
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 
 
 def demo_config(run_dir: Path, *overrides: str) -> Config:

@@ -29,7 +29,7 @@ from orchestrator.handoff.primerl import (
 )
 from orchestrator.payload import PayloadSegment
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 
 
 def primerl_config(tmp_path: Path, *overrides: str) -> Config:

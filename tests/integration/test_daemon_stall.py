@@ -18,7 +18,7 @@ from orchestrator.config import load_config
 from orchestrator.daemon.run_state import RunState
 from orchestrator.handoff import hold_run_lock, load_progress
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 STALL_S = 0.5
 REPORT_S = 0.2
 

@@ -12,7 +12,7 @@ from orchestrator.commands.launch import launch_run
 from orchestrator.config import load_config
 from orchestrator.handoff import published_versions, shipped_steps
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ from orchestrator.daemon.settings import sink_limits
 from orchestrator.sim.environments import toy_environment
 from orchestrator.wire import InferenceFailure, build_generate_request
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 GARBAGE = b"<html>502 from a proxy, not JSON</html>"
 TURNS = 30
 RETRIES = 3

@@ -19,7 +19,7 @@ from orchestrator.daemon import RunOutcome
 from orchestrator.daemon.payload_files.disk import tree_bytes
 from orchestrator.daemon.run_state import RunState
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 
 
 def _config(run_dir: Path) -> Config:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from conftest import BindMount
 
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 _OWN = b"v9's own file"
 
 

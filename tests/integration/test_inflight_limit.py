@@ -26,7 +26,7 @@ def overloaded(run_dir: Path, mode: str, steps: int = STEPS) -> Config:
         # Four requests at a time, 16 tokens at 2 ms each: about 120 requests a second.
         "sim.max_num_seqs=4",
         "sim.time_per_token_s=0.002",
-        "env.max_tokens=16",
+        "sim.max_tokens=16",
         # No slack to spare: a group dispatched while the last batch it may go into is
         # being filled must finish before that batch ships.
         "staleness.max_off_policy_steps=1",

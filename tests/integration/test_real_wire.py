@@ -30,7 +30,7 @@ from orchestrator.handoff import (
     read_batch_file,
 )
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 STEPS = 3
 
 

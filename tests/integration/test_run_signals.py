@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import pytest
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 
 
 def run_command(config: Path, run_dir: Path, *overrides: str) -> list[str]:

@@ -16,7 +16,7 @@ from orchestrator.cli import main
 from orchestrator.handoff import TrainSample, publish_batch, published_versions
 from orchestrator.payload import stitch_routing, write_payload_file
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 
 
 def _settings(run_dir: Path, max_steps: int) -> list[str]:

@@ -18,7 +18,7 @@ from orchestrator.handoff import published_versions
 from orchestrator.handoff.primerl import decode_rank_file, publish_primerl_step
 from orchestrator.payload import stitch_routing, write_payload_file
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 
 
 def settings(run_dir: Path, max_steps: int) -> list[str]:

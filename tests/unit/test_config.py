@@ -50,8 +50,12 @@ def test_minimal_config_gets_the_documented_defaults(tmp_path: Path) -> None:
     assert config.inference.urls == ("http://inference-0:8000",)
     assert config.inference.request_timeout_s == 600.0
     assert config.trainer.poll_interval_s == 1.0
-    assert config.env.name == "mixed"
-    assert (config.env.prompt_len_min, config.env.prompt_len_max) == (64, 512)
+    # No [[env]]: the simulator's toy environment.
+    assert config.env == ()
+    assert config.sim.env == "mixed"
+    assert (config.sim.prompt_len_min, config.sim.prompt_len_max) == (64, 512)
+    assert (config.sim.max_tokens, config.sim.max_turns) == (256, 3)
+    assert config.model.tokenizer is None
     assert (config.sim.layers, config.sim.top_k, config.sim.num_experts) == (48, 8, 128)
     assert config.metrics.listen == ""
     assert config.shutdown.grace_s == 10.0
@@ -165,7 +169,7 @@ BAD_INPUTS: list[tuple[str, str, list[str], str]] = [
         [],
         "staleness.max_async_steps = 3 must be <= staleness.max_off_policy_steps (2)",
     ),
-    ("prompt min above max", MINIMAL, ["env.prompt_len_min=600"], "env.prompt_len_max"),
+    ("prompt min above max", MINIMAL, ["sim.prompt_len_min=600"], "sim.prompt_len_max"),
     ("top_k above experts", MINIMAL, ["sim.top_k=200"], "sim.top_k = 200"),
     ("unknown literal", MINIMAL, ['payload.mode="handle"'], 'did you mean "by_handle"'),
     ("duplicate field", MINIMAL, ['payload.fields=["sampling_mask","sampling_mask"]'], "fields"),

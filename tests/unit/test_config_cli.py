@@ -49,6 +49,9 @@ def test_check_config_prints_the_resolved_config(
 def test_check_config_output_is_a_loadable_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # The demo's model and datasets are relative paths, taken from the directory the
+    # command runs in (here tmp_path, as for run_dir): put the demo's folder there.
+    (tmp_path / "demo").symlink_to(CONFIGS.parent / "demo")
     assert main(["check-config", str(CONFIGS / "demo.toml")]) == 0
     resolved = tmp_path / "resolved.toml"
     resolved.write_text(capsys.readouterr().out, encoding="utf-8")

@@ -15,7 +15,9 @@ from orchestrator.config import (
     Config,
     EnvConfig,
     InferenceConfig,
+    ModelConfig,
     PayloadConfig,
+    RewardsConfig,
     SimConfig,
     StalenessConfig,
     TrainerConfig,
@@ -44,7 +46,14 @@ def test_every_value_changed_round_trips(tmp_path: Path) -> None:
         max_steps=7,
         seed=-3,
         staleness=StalenessConfig(max_off_policy_steps=5, max_async_steps=5),
-        batch=BatchConfig(size=3, group_size=2, constant_size=False, max_seq_len=2),
+        batch=BatchConfig(
+            size=3,
+            group_size=2,
+            constant_size=False,
+            max_seq_len=2,
+            curriculum_min_mean_reward=-1.0,
+            curriculum_max_mean_reward=-1.0,
+        ),
         payload=PayloadConfig(
             mode="inline",
             root=tmp_path / "payloads-ü",
@@ -68,16 +77,36 @@ def test_every_value_changed_round_trips(tmp_path: Path) -> None:
             force_polling=True,
             poll_interval_s=0.1,
         ),
-        env=EnvConfig(
-            name="chat",
+        model=ModelConfig(tokenizer=tmp_path / "model ü"),
+        env=(
+            EnvConfig(
+                name="arith-1",
+                dataset=tmp_path / "data.jsonl",
+                prompt="question",
+                system_prompt='Say "42".',
+                answer="answer",
+                rewards=("orchestrator.rewards:exact_match", "my.mod:f"),
+                reward_weights=(0.5, -2.0),
+                ratio=3.5,
+                max_tokens=1,
+                temperature=0.0,
+                top_p=0.5,
+                top_k=-1,
+            ),
+            EnvConfig(
+                name="tools",
+                factory="my.envs:make",
+                args={"n": 3, "names": ["a", "b"], "deep": {"x": 1.5}},
+                max_turns=9,
+            ),
+        ),
+        rewards=RewardsConfig(workers=3, timeout_s=0.5),
+        sim=SimConfig(
+            env="chat",
             prompt_len_min=1,
             prompt_len_max=1,
             max_tokens=1,
             max_turns=9,
-            curriculum_min_mean_reward=-1.0,
-            curriculum_max_mean_reward=-1.0,
-        ),
-        sim=SimConfig(
             trainer=True,
             train_time_s=0.0,
             layers=1,
@@ -123,6 +152,7 @@ def test_every_key_is_written(tmp_path: Path) -> None:
         inference=InferenceConfig(urls=("http://a:1",)),
         payload=PayloadConfig(root=tmp_path / "p"),
         trainer=TrainerConfig(batches_dir=tmp_path / "b", weights_dir=tmp_path / "w"),
+        model=ModelConfig(tokenizer=tmp_path / "m"),
     )
     document = tomllib.loads(config_to_toml(config))
     for field in attrs.fields(Config):

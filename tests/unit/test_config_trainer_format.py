@@ -121,5 +121,5 @@ def test_check_config_accepts_the_prime_rl_config_and_says_what_it_ships(
     header = out.split("\n\n", 1)[0]
     assert "ships:        prime-rl micro batches (step_7/rank_R.bin for 16 data rank(s)" in header
     assert tomllib.loads(out)["trainer"]["format"] == "prime-rl"
-    assert main(["check-config", str(CONFIGS / "demo.toml")]) == 0
+    assert main(["check-config", str(CONFIGS / "sim.toml")]) == 0
     assert "ships:        native batches (step_000007/batch.bin)" in capsys.readouterr().out

@@ -168,6 +168,7 @@ def test_the_sink_scenario_covers_the_discard_reasons() -> None:
         "untrainable": 1,
         "pruned": 1,
         "failed": 2,
+        "reward_failed": 0,
     }
 
 

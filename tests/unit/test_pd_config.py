@@ -19,7 +19,7 @@ def test_the_pd_example_is_the_demo_under_prefill_decode_by_handle(
 ) -> None:
     monkeypatch.chdir(tmp_path)  # run_dir is relative to where the command runs
     config = load_config(CONFIGS / "pd.toml")
-    demo = load_config(CONFIGS / "demo.toml")
+    demo = load_config(CONFIGS / "sim.toml")
     assert config.run_dir == tmp_path / "run" / "pd"
     assert config.inference.disaggregated is True
     assert config.payload.mode == "by_handle" and config.by_handle is True

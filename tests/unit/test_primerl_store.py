@@ -16,6 +16,7 @@ import pytest
 import structlog
 import trio
 
+from orchestrator.core.environments import DEFAULT_TEMPERATURE
 from orchestrator.core.rollouts import GroupResult, RolloutResult, Sample, TrainSample
 from orchestrator.core.sink import SinkLimits, TrainSink
 from orchestrator.core.staleness import Staleness
@@ -39,7 +40,6 @@ from orchestrator.payload import (
     stitch_routing,
     write_payload_file,
 )
-from orchestrator.wire import SAMPLING_TEMPERATURE
 
 LAYERS, TOP_K = 3, 2
 SEQ_LEN = 64
@@ -176,7 +176,7 @@ def test_each_sequence_carries_its_samples_arrays(tmp_path: Path, root: Path) ->
         assert (entry["group_id"], entry["server"]) == (sample.group_id, sample.server)
         assert batch.input_ids[window] == sample.token_ids.tolist()
         assert batch.position_ids[window] == list(range(entry["length"]))
-        assert batch.temperatures[window] == [SAMPLING_TEMPERATURE] * entry["length"]
+        assert batch.temperatures[window] == [DEFAULT_TEMPERATURE] * entry["length"]
         assert batch.env_names[window] == ["math"] * entry["length"]
         assert np.allclose(batch.inference_logprobs[window], sample.logprobs)
         if padding:

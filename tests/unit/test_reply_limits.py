@@ -13,7 +13,6 @@ from orchestrator.config import (
     BatchConfig,
     Config,
     ConfigError,
-    EnvConfig,
     InferenceConfig,
     PayloadConfig,
     PayloadMode,
@@ -126,7 +125,6 @@ def make(
     return Config(
         run_dir=Path("/srv/run"),
         batch=BatchConfig(max_seq_len=4096),
-        env=EnvConfig(prompt_len_max=512, max_tokens=256, max_turns=3),
         payload=PayloadConfig(mode=mode),
         inference=InferenceConfig(
             urls=() if local_servers else ("http://gpu-a:8000",),
@@ -134,7 +132,15 @@ def make(
             max_reply_bytes=max_reply_bytes,
             max_buffered_reply_bytes=max_buffered_reply_bytes,
         ),
-        sim=SimConfig(inference_servers=local_servers, layers=4, top_k=2, num_experts=300),
+        sim=SimConfig(
+            inference_servers=local_servers,
+            layers=4,
+            top_k=2,
+            num_experts=300,
+            prompt_len_max=512,
+            max_tokens=256,
+            max_turns=3,
+        ),
     )
 
 
@@ -163,9 +169,8 @@ def test_the_prompt_bound_covers_every_turn_when_turns_outgrow_max_seq_len() -> 
     config = Config(
         run_dir=Path("/srv/run"),
         batch=BatchConfig(max_seq_len=64),
-        env=EnvConfig(prompt_len_max=512, max_tokens=256, max_turns=3),
         payload=PayloadConfig(mode="inline"),
-        sim=SimConfig(inference_servers=1),
+        sim=SimConfig(inference_servers=1, prompt_len_max=512, max_tokens=256, max_turns=3),
     )
     expected = derive(max_tokens=256, max_context_tokens=512 + 3 * 256, model=ModelShape(48, 8))
     assert config.max_reply_bytes == expected

@@ -13,39 +13,50 @@ from orchestrator.sim.environments import TOY_ENVIRONMENTS, toy_environment
 
 def make(name: str, seed: int = 7) -> Environment:
     return toy_environment(
-        name, prompt_len_min=4, prompt_len_max=12, vocab_size=64, max_turns=3, seed=seed
+        name,
+        prompt_len_min=4,
+        prompt_len_max=12,
+        vocab_size=64,
+        max_turns=3,
+        max_tokens=16,
+        seed=seed,
     )
 
 
 @pytest.mark.parametrize("name", TOY_ENVIRONMENTS)
-def test_the_same_index_gives_the_same_prompt_and_indices_differ(name: str) -> None:
+async def test_the_same_index_gives_the_same_prompt_and_indices_differ(name: str) -> None:
     env = make(name)
-    first = [env.prompt(i) for i in range(50)]
-    assert [env.prompt(i) for i in range(50)] == first
+    first = [await env.prompt(i) for i in range(50)]
+    assert [await env.prompt(i) for i in range(50)] == first
     assert len({p.prompt_id for p in first}) == 50
     assert all(4 <= len(p.token_ids) <= 12 for p in first)
     assert all(0 < int(t) < 64 for p in first for t in p.token_ids)
+    # Each prompt says how it is sampled: the env's max_tokens, its turns.
+    assert {p.sampling.max_tokens for p in first} == {16}
+    assert {p.sampling.max_turns for p in first} <= {1, 3}
     # Another seed, other prompts.
-    assert make(name, seed=8).prompt(0) != first[0]
+    assert await make(name, seed=8).prompt(0) != first[0]
 
 
-def test_mixed_draws_from_both_and_answers_as_the_one_it_drew_from() -> None:
+async def test_mixed_draws_from_both_and_answers_as_the_one_it_drew_from() -> None:
     env = make("mixed")
-    prompts = [env.prompt(i) for i in range(40)]
+    prompts = [await env.prompt(i) for i in range(40)]
     assert {p.env for p in prompts} == {"math", "chat"}
+    assert {p.sampling.max_turns for p in prompts if p.env == "chat"} == {3}
+    assert {p.sampling.max_turns for p in prompts if p.env == "math"} == {1}
     assert all(p.prompt_id.startswith(p.env) for p in prompts)
 
 
 async def test_chat_replies_until_max_turns_and_math_never() -> None:
     chat, math = make("chat"), make("math")
-    prompt = chat.prompt(0)
+    prompt = await chat.prompt(0)
     completion = np.array([5, 9, 11], dtype=np.int32)
     reply = await chat.reply(prompt, 0, completion)
     assert reply is not None and reply.dtype == np.int32 and 8 <= len(reply) < 32
     assert np.array_equal(reply, await chat.reply(prompt, 0, completion))  # deterministic
     assert await chat.reply(prompt, 2, completion) is None  # the third turn is the last
     assert await chat.reply(prompt, 0, completion[:0]) is None  # nothing said: it ends
-    assert await math.reply(math.prompt(0), 0, completion) is None
+    assert await math.reply(await math.prompt(0), 0, completion) is None
 
 
 async def test_scores_follow_the_hidden_difficulty() -> None:

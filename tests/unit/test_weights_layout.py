@@ -40,7 +40,7 @@ from orchestrator.handoff import (
 )
 
 A, B = "http://a:1", "http://b:2"
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 
 
 def stable(directory: Path) -> Path:

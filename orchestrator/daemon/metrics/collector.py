@@ -17,7 +17,7 @@ from orchestrator.daemon.run_state import RunState
 # Label values reported even at zero, so that `rate()` and alerts see a series from the
 # first scrape on instead of one that appears with the first event. Values found in the
 # state that are not listed here are reported too, after these.
-ROLLOUT_OUTCOMES = ("completed", "failed", "poisoned", "stopped")
+ROLLOUT_OUTCOMES = ("completed", "failed", "poisoned", "stopped", "reward_failed")
 # The dispatcher's failure kinds: the inference client's, then its own three
 # (orchestrator/daemon/rejections.py records every one).
 FAILURE_KINDS = (

@@ -37,10 +37,11 @@ log = structlog.get_logger(__name__)
 DISCARD_HINTS = {
     "untrainable": "samples longer than batch.max_seq_len, without loss tokens or poisoned",
     "failed": "requests that failed for good: see the failures",
+    "reward_failed": "reward functions that raised, hung or killed their worker: see the log",
     "stale": "groups older than the staleness bound when they finished",
     "swept": "queued groups no batch took before they went stale",
     "no_signal": "groups whose rewards are all equal",
-    "curriculum": "groups whose mean reward is outside env.curriculum_*",
+    "curriculum": "groups whose mean reward is outside batch.curriculum_*",
     "pruned": "surplus samples of a batch",
 }
 

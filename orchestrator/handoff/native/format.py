@@ -35,7 +35,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePath
 from types import MappingProxyType
-from typing import Annotated
+from typing import Annotated, Any
 
 import attrs
 import msgspec
@@ -145,11 +145,17 @@ class SegmentForm(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
         return PayloadSegment.from_json(obj)
 
 
+#: A sample's temperature when its header names none.
+DEFAULT_SAMPLE_TEMPERATURE = 1.0
+
+
 class SampleHeader(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, gc=False):
     """One sample in the header: positions `start .. start + length - 1` of the columns.
 
     `payload` maps each field to its segments in their batch form; `inline` maps each
-    field to its array.
+    field to its array. `env` names the environment the sample's prompt came from and
+    `temperature` the temperature it was sampled at (absent: "" and 1.0, which files
+    written before them hold).
     """
 
     group_id: str
@@ -164,6 +170,8 @@ class SampleHeader(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     payload_dir: str | None = None
     payload: dict[str, list[SegmentForm]] | None = None
     inline: dict[str, ArrayRef] | None = None
+    env: str = ""
+    temperature: Annotated[float, msgspec.Meta(ge=0)] = DEFAULT_SAMPLE_TEMPERATURE
 
 
 class BatchHeader(msgspec.Struct, forbid_unknown_fields=True, gc=False):
@@ -347,6 +355,13 @@ def _sample_header(sample: TrainSample, start: int, planner: _Planner) -> Sample
             if field == "routed_experts" and 0 in array.shape[1:]:
                 raise ValueError(f"inline {field} has shape {list(array.shape)}: empty rows")
             inline[field] = planner.array(array, dtype)
+    # Only what differs from the defaults: msgspec leaves a default out of the header
+    # only when it is the very default object, which an equal float is not.
+    named: dict[str, Any] = {}
+    if sample.env:
+        named["env"] = sample.env
+    if sample.temperature != DEFAULT_SAMPLE_TEMPERATURE:
+        named["temperature"] = sample.temperature
     return SampleHeader(
         group_id=sample.group_id,
         rollout_id=sample.rollout_id,
@@ -360,6 +375,7 @@ def _sample_header(sample: TrainSample, start: int, planner: _Planner) -> Sample
         payload_dir=sample.payload_dir,
         payload=payload,
         inline=inline,
+        **named,
     )
 
 
@@ -406,6 +422,8 @@ class BatchSample:
         factory=dict, converter=_segments
     )
     inline: Mapping[str, np.ndarray] | None = attrs.field(default=None, converter=_frozen_map)
+    env: str = ""
+    temperature: float = 1.0
 
     def train_sample(self) -> TrainSample:
         """The `TrainSample` this sample was written from (its arrays copied)."""
@@ -423,6 +441,8 @@ class BatchSample:
             payload_dir=self.payload_dir,
             inline=self.inline,
             server=self.server,
+            env=self.env,
+            temperature=self.temperature,
         )
 
 
@@ -531,6 +551,8 @@ def _decode(data: np.ndarray) -> BatchFile:
                 payload_dir=sample.payload_dir,
                 payload=payload,
                 inline=arrays,
+                env=sample.env,
+                temperature=sample.temperature,
             )
         )
     return BatchFile(

@@ -83,7 +83,6 @@ from orchestrator.payload import (
     PayloadMissing,
     read_sample_payload,
 )
-from orchestrator.wire import SAMPLING_TEMPERATURE
 
 __all__ = [
     "MANIFEST_FILE",
@@ -195,8 +194,9 @@ def publish_primerl_step(
     every data rank and the manifest, all appearing at once (module docstring). Blocking.
 
     Each sample becomes a `PackedSample`: per position its token, loss bit, the sample's
-    advantage on loss positions (0 elsewhere), its logprob and `SAMPLING_TEMPERATURE`;
-    `env_name`; its routed experts, read from the payload files by handle (digests
+    advantage on loss positions (0 elsewhere), its logprob and the temperature it was
+    sampled at; its environment's name (`env_name` for a sample that names none); its
+    routed experts, read from the payload files by handle (digests
     verified) or taken from the inline arrays, else None. A sample whose payload cannot
     be read is dropped (warning naming rollout and server). `pack_step` packs them into
     `seq_len` token micro batches for `data_world_size` ranks. With `fsync=False` the
@@ -304,8 +304,8 @@ def _packed_samples(
                 loss_mask=sample.loss_mask,
                 advantages=np.where(sample.loss_mask, sample.advantage, 0.0).astype(np.float32),
                 logprobs=sample.logprobs,
-                temperatures=np.full(length, SAMPLING_TEMPERATURE, dtype=np.float32),
-                env_name=env_name,
+                temperatures=np.full(length, sample.temperature, dtype=np.float32),
+                env_name=sample.env or env_name,
                 routed_experts=routed,
             )
         )

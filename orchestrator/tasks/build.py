@@ -1,0 +1,178 @@
+"""The run's environment of real tasks, from its `[model]`, `[[env]]` and `[rewards]`.
+
+`load_tasks` does everything that can fail on bad input, before the run touches anything:
+it loads the tokenizer (a chat template required), opens every dataset and checks its
+columns, imports every reward function. Each problem is one `UserError` line naming the
+key; `orchestrator check-config` and `orchestrator run` (before the payload root is
+wiped) both call it. `open_task_environment` then opens the reward pool and hands out the
+environment the daemon draws from: the one `[[env]]`, or their mixture by `ratio`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import ParamSpec, TypeVar
+
+import attrs
+import trio
+
+from orchestrator.config import Config, EnvConfig
+from orchestrator.core.environments import Environment, Sampling
+from orchestrator.errors import UserError
+from orchestrator.tasks.chat import ChatTokenizer
+from orchestrator.tasks.dataset_env import DatasetEnvironment, PromptColumns
+from orchestrator.tasks.datasets import DataOrder, Dataset, open_dataset, require_columns
+from orchestrator.tasks.mixture import EnvironmentMixture
+from orchestrator.tasks.reward_functions import RewardSpec, load_reward
+from orchestrator.tasks.reward_pool import open_reward_pool
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@attrs.frozen
+class LoadedEnv:
+    config: EnvConfig
+    dataset: Dataset
+    rewards: tuple[RewardSpec, ...]
+
+
+@attrs.frozen
+class LoadedTasks:
+    """What `load_tasks` opened: close it when done (`close`)."""
+
+    tokenizer: ChatTokenizer
+    envs: tuple[LoadedEnv, ...]
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.dataset.close()
+
+
+def user_module_path() -> None:
+    """Let "module:function" paths name modules in the current directory, as `python -m`
+    would (a console script's own folder is first on `sys.path`, not the directory it
+    runs in). Worker processes inherit it through `PYTHONPATH`."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if cwd not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([cwd, *paths])
+
+
+def load_tasks(config: Config) -> LoadedTasks:
+    """Load and check the tokenizer, datasets and reward functions of `config`'s
+    `[[env]]`s. Blocking (file reads, imports). Raises `UserError`, one line naming the
+    key, for anything that does not load."""
+    assert config.model.tokenizer is not None  # the config requires it with any [[env]]
+    user_module_path()
+    tokenizer = _keyed(
+        "model.tokenizer", ChatTokenizer.load, config.model.tokenizer, require_chat_template=True
+    )
+    envs: list[LoadedEnv] = []
+    try:
+        for index, env in enumerate(config.env):
+            envs.append(_load_env(index, env))
+    except BaseException:
+        for loaded in envs:
+            loaded.dataset.close()
+        raise
+    return LoadedTasks(tokenizer, tuple(envs))
+
+
+def _load_env(index: int, env: EnvConfig) -> LoadedEnv:
+    key = f"env[{index}]"
+    if env.factory is not None:
+        raise UserError(
+            f"{key}.factory: plugin environments are not supported by this version yet "
+            "(use a dataset with reward functions)"
+        )
+    assert env.dataset is not None
+    dataset = _keyed(f"{key}.dataset", open_dataset, env.dataset)
+    try:
+        columns = {
+            f"{key}.{name}": column
+            for name, column in (
+                ("prompt", env.prompt),
+                ("messages", env.messages),
+                ("answer", env.answer),
+            )
+            if column is not None
+        }
+        require_columns(dataset, columns)
+        rewards = tuple(
+            _keyed(f"{key}.rewards[{i}]", load_reward, path, weight)
+            for i, (path, weight) in enumerate(zip(env.rewards, env.weights, strict=True))
+        )
+    except BaseException:
+        dataset.close()
+        raise
+    return LoadedEnv(env, dataset, rewards)
+
+
+def _keyed(key: str, load: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`load(...)`, its `UserError` prefixed with the config key it concerns."""
+    try:
+        return load(*args, **kwargs)
+    except UserError as exc:
+        message = str(exc)
+        raise UserError(message if message.startswith(key) else f"{key}: {message}") from None
+
+
+def check_tasks(config: Config) -> None:
+    """`load_tasks` and close again: the start-up check of `check-config`."""
+    if config.env:
+        load_tasks(config).close()
+
+
+@asynccontextmanager
+async def open_task_environment(config: Config) -> AsyncIterator[Environment]:
+    """The environment of `config`'s `[[env]]`s, with its reward pool open while it is
+    used. Raises `UserError` (from `load_tasks`) before anything starts."""
+    tasks = await trio.to_thread.run_sync(load_tasks, config)
+    try:
+        workers = config.rewards.workers or os.cpu_count() or 1
+        specs = [spec for env in tasks.envs for spec in env.rewards]
+        async with open_reward_pool(workers, config.rewards.timeout_s, preload=specs) as pool:
+            environments = [
+                DatasetEnvironment(
+                    name=loaded.config.name,
+                    dataset=loaded.dataset,
+                    order=DataOrder(len(loaded.dataset), config.seed, loaded.config.name),
+                    columns=PromptColumns(
+                        prompt=loaded.config.prompt,
+                        messages=loaded.config.messages,
+                        system_prompt=loaded.config.system_prompt,
+                        answer=loaded.config.answer,
+                    ),
+                    tokenizer=tasks.tokenizer,
+                    rewards=loaded.rewards,
+                    pool=pool,
+                    sampling=_sampling(loaded.config, tasks.tokenizer),
+                    budget=config.batch.max_seq_len - loaded.config.max_tokens,
+                )
+                for loaded in tasks.envs
+            ]
+            if len(environments) == 1:
+                yield environments[0]
+            else:
+                yield EnvironmentMixture(
+                    environments, [env.ratio for env in config.env], seed=config.seed
+                )
+    finally:
+        tasks.close()
+
+
+def _sampling(env: EnvConfig, tokenizer: ChatTokenizer) -> Sampling:
+    return Sampling(
+        max_tokens=env.max_tokens,
+        temperature=env.temperature,
+        top_p=env.top_p,
+        top_k=env.top_k,
+        stop_token_ids=tokenizer.stop_token_ids,
+        max_turns=1,
+    )

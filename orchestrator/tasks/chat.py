@@ -1,0 +1,278 @@
+"""The model's tokenizer and chat template, applied as vLLM applies them, and exact bridging.
+
+`ChatTokenizer.load(folder)` reads a tokenizer from a local model folder (never the Hugging
+Face hub) with transformers. It turns chat messages into the prompt token ids sent to
+vLLM's tokens-in generate API, names the ids that end a generation, decodes completions
+for rewards, and builds the next prompt of a multi-turn episode (`bridge`).
+
+As vLLM: its chat endpoint renders the template to text and tokenizes that text with
+`add_special_tokens=False` (vllm/entrypoints/openai/chat_completion/protocol.py: "the chat
+template takes care of adding the special tokens"), so a BOS is never added twice; its
+`/inference/v1/generate` takes the ids as they are (vllm/entrypoints/serve/disagg/protocol.py).
+Its stop ids are the tokenizer's eos id plus the `eos_token_id` (an int or a list) of the
+model's generation config (vllm/v1/engine/input_processor.py calls
+`SamplingParams.update_from_generation_config` in vllm/sampling_params.py with
+`ModelConfig.try_get_generation_config()`, which reads `generation_config.json` and else
+`config.json`: vllm/transformers_utils/config.py).
+
+Bridging. The next turn's prompt must start with exactly the previous prompt and the
+sampled completion: those tokens are what the model saw and produced, what the trainer
+learns from and what the captured expert-routing rows describe. Re-rendering the whole
+chat re-tokenizes them, and templates that strip reasoning from earlier assistant turns
+(Qwen3's, prime-rl issues #947 and #1334) then change them. So `bridge` appends to the
+sampled ids only what the template writes after an assistant's content: the close of that
+turn (unless the completion already ended with it), the new messages and the generation
+prompt. It learns that text from the template itself, by rendering a base conversation
+with and without the new messages; see `bridge` for the rule and its limits.
+
+Why not prime-rl's `renderers` package: its `bridge_to_next_turn` is hand-written per
+model family, and its `DefaultRenderer` (the one any local model folder gets unless
+configured) returns None, meaning "re-render", which is what we must not do. The generic
+bridge here works for any template whose earlier turns render the same when messages are
+added, and says so with `BridgeError` when that cannot be shown. A later
+`[model] renderer = "qwen3"` option could use such a hand-written renderer instead: it
+would add per-message token attribution without re-rendering, tool-call and reasoning
+parsing of completions, and bridging for templates the generic check rejects.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from orchestrator.core.arrays import token_array
+from orchestrator.errors import UserError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["BridgeError", "ChatTokenizer", "Message", "TokenizerError"]
+
+#: A chat message as the template reads it: at least "role" and "content".
+Message = Mapping[str, Any]
+
+# Files one of which a folder must hold for transformers to find a tokenizer in it.
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+)
+
+# The base conversation whose renders show what the template writes around an assistant
+# turn. The reply is an unusual word so that it cannot be confused with template text.
+_BASE_PROMPT: tuple[Message, ...] = ({"role": "user", "content": "x"},)
+_BASE_REPLY = "yq7"
+
+
+class TokenizerError(UserError):
+    """A model folder's tokenizer cannot be loaded or lacks what the task needs."""
+
+
+class BridgeError(UserError):
+    """The chat template cannot be shown to extend a conversation without re-rendering it."""
+
+
+@functools.cache
+def _transformers() -> Any:
+    """transformers, imported on first use (it takes seconds) with its logging tamed."""
+    # transformers logs an advisory "PyTorch was not found" line at import; no torch is
+    # installed on purpose (only tokenizers are used). This is its switch for advisories.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    import transformers
+
+    # Its own stderr handler would write plain lines into the daemon's JSON log: send its
+    # records to the root logger instead, which `orchestrator.logs` renders.
+    transformers.utils.logging.disable_default_handler()
+    transformers.utils.logging.enable_propagation()
+    return transformers
+
+
+@attrs.frozen(eq=False)
+class ChatTokenizer:
+    """A model's tokenizer and chat template. Build it with `ChatTokenizer.load`."""
+
+    folder: Path
+    tokenizer: PreTrainedTokenizerBase = attrs.field(repr=False)
+    #: The ids that end a generation, the tokenizer's eos id first, as vLLM stops on them.
+    stop_token_ids: tuple[int, ...]
+
+    @classmethod
+    def load(cls, folder: Path, *, require_chat_template: bool = False) -> ChatTokenizer:
+        """Load the tokenizer in the local model `folder` (blocks on file reads).
+
+        Raises TokenizerError when the folder is missing, holds no tokenizer, its
+        generation config is malformed, or (with `require_chat_template`) the tokenizer
+        has no chat template.
+        """
+        if not folder.is_dir():
+            raise TokenizerError(f"model folder {folder} does not exist or is not a folder")
+        if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+            raise TokenizerError(
+                f"model folder {folder} has no tokenizer files ({', '.join(_TOKENIZER_FILES)})"
+            )
+        try:
+            tokenizer = cast(
+                "PreTrainedTokenizerBase",
+                _transformers().AutoTokenizer.from_pretrained(folder, local_files_only=True),
+            )
+        # Any failure means the folder's files are not a usable tokenizer; the Rust
+        # `tokenizers` library raises plain Exception for a tokenizer.json it cannot read.
+        except Exception as error:
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise TokenizerError(
+                f"cannot load the tokenizer in {folder}: {type(error).__name__}: {first_line}"
+            ) from error
+        if require_chat_template and not tokenizer.chat_template:
+            raise TokenizerError(
+                f"the tokenizer in {folder} has no chat template "
+                "(tokenizer_config.json's chat_template or chat_template.jinja)"
+            )
+        return cls(folder, tokenizer, _stop_token_ids(folder, tokenizer))
+
+    @property
+    def vocab_size(self) -> int:
+        """The number of ids the tokenizer knows, added tokens included (all ids are below)."""
+        return len(self.tokenizer)
+
+    def render_prompt(self, messages: Sequence[Message]) -> np.ndarray:
+        """The prompt ids for `messages`: the template with the generation prompt, tokenized.
+
+        Equal to `apply_chat_template(messages, tokenize=True, add_generation_prompt=True)`.
+        Raises TokenizerError when the tokenizer has no chat template.
+        """
+        return token_array(self._encode(self._render(messages, add_generation_prompt=True)))
+
+    def decode(self, ids: npt.ArrayLike) -> str:
+        """The text of `ids` with special tokens left out (a completion's text, for rewards)."""
+        decoded = self.tokenizer.decode(np.asarray(ids).tolist(), skip_special_tokens=True)
+        return cast(str, decoded)
+
+    def bridge(
+        self,
+        prev_prompt_ids: npt.ArrayLike,
+        completion_ids: npt.ArrayLike,
+        new_messages: Sequence[Message],
+    ) -> np.ndarray:
+        """The next turn's prompt: `prev_prompt_ids + completion_ids`, unchanged, then the rest.
+
+        The rest is the text the template writes after an assistant's content when
+        `new_messages` follow it: the close of the assistant turn, the new messages and the
+        generation prompt. It comes from two renders of a base conversation: P, a user
+        message with the generation prompt (the shape of every prompt the model saw), and
+        F, that conversation with a reply and `new_messages` added, with the generation
+        prompt. F must start with P followed by the reply (else BridgeError: the template
+        renders an earlier turn differently once messages follow it); the text after that
+        is the rest, tokenized as a whole as the full render would tokenize it. (P, not a
+        render of the user message and the reply: Qwen3's template gives a final assistant
+        turn an empty `<think>` block that it drops once a user message follows.)
+
+        When the completion ended with a stop id and the rest starts with the completion's
+        last tokens (ChatML's `<|im_end|>` before its newline), those are not repeated.
+        Otherwise (truncated by max_tokens, or stopped by an eos that is not the template's
+        close) the whole close is appended after the sampled ids.
+
+        Limits: the new messages are rendered after one base user turn and reply, so a
+        template whose framing depends on more of the history (message counts, tools,
+        dates, a system message it moves) is shown correct only for that shape; what the
+        model wrote is kept as sampled even where a full render would write it otherwise.
+        Raises ValueError for no new messages, BridgeError as above, TokenizerError when
+        the tokenizer has no chat template.
+        """
+        if not new_messages:
+            raise ValueError("bridge needs at least one new message")
+        prompt, completion = _ids(prev_prompt_ids), _ids(completion_ids)
+        rest = self._encode(self._text_after_reply(new_messages))
+        skip = _close_overlap(completion.tolist(), rest, frozenset(self.stop_token_ids))
+        return token_array(np.concatenate([prompt, completion, _ids(rest[skip:])]))
+
+    def _text_after_reply(self, new_messages: Sequence[Message]) -> str:
+        seen = self._render(_BASE_PROMPT, add_generation_prompt=True) + _BASE_REPLY
+        reply: Message = {"role": "assistant", "content": _BASE_REPLY}
+        extended = self._render([*_BASE_PROMPT, reply, *new_messages], add_generation_prompt=True)
+        if not extended.startswith(seen):
+            raise BridgeError(
+                f"the chat template of {self.folder} renders an earlier assistant turn "
+                "differently once messages are added, so bridging cannot be proven"
+            )
+        return extended[len(seen) :]
+
+    def _render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
+        if not self.tokenizer.chat_template:
+            raise TokenizerError(f"the tokenizer in {self.folder} has no chat template")
+        text = self.tokenizer.apply_chat_template(
+            [dict(message) for message in messages],
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
+        return cast(str, text)
+
+    def _encode(self, text: str) -> list[int]:
+        # As apply_chat_template(tokenize=True) and vLLM's chat endpoint: the template
+        # writes the special tokens itself.
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return cast(list[int], ids)
+
+
+def _ids(value: npt.ArrayLike) -> np.ndarray:
+    """Token ids as a 1-D int32 array; an empty list too (numpy would make it float)."""
+    array = np.asarray(value)
+    if array.ndim != 1:
+        raise ValueError(f"token ids must be one-dimensional, got shape {array.shape}")
+    return token_array(array if array.size else array.astype(np.int32))
+
+
+def _close_overlap(completion: list[int], rest: list[int], stop_ids: frozenset[int]) -> int:
+    """How many leading ids of `rest` the completion already ends with (0 unless it stopped).
+
+    A completion that stopped on a stop id has written the template's close up to and
+    including that id (`<|im_end|>` of ChatML's `<|im_end|>\\n`); the rest then starts
+    with the same ids. The first occurrence of the stop id in `rest` is the one: a later
+    one closes a new message, which the model cannot have written before stopping.
+    """
+    if not completion or completion[-1] not in stop_ids or completion[-1] not in rest:
+        return 0
+    length = rest.index(completion[-1]) + 1
+    return length if completion[-length:] == rest[:length] else 0
+
+
+def _stop_token_ids(folder: Path, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """The tokenizer's eos id, then the generation config's eos ids (as vLLM stops on)."""
+    ids: list[int] = []
+    if isinstance(tokenizer.eos_token_id, int):
+        ids.append(tokenizer.eos_token_id)
+    for name in ("generation_config.json", "config.json"):
+        if (folder / name).is_file():
+            ids.extend(_config_eos_ids(folder / name))
+            # As transformers' GenerationConfig.from_pretrained: config.json only when
+            # there is no generation_config.json.
+            break
+    stop_ids = tuple(dict.fromkeys(ids))
+    if not stop_ids:
+        raise TokenizerError(
+            f"the tokenizer in {folder} has no eos token and no generation config names one"
+        )
+    return stop_ids
+
+
+def _config_eos_ids(path: Path) -> list[int]:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise TokenizerError(f"cannot read {path}: {error}") from error
+    eos = config.get("eos_token_id") if isinstance(config, dict) else None
+    if eos is None:
+        return []
+    values = eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise TokenizerError(f"{path}: eos_token_id must be a token id or a list of them")
+    return cast(list[int], values)

@@ -1,0 +1,145 @@
+"""An environment of real tasks over a dataset: each row a prompt, rendered with the
+model's chat template, its completion decoded and scored by the user's reward functions in
+worker processes (docs/design.md § Real tasks).
+
+Rows are drawn in the env's `DataOrder` (shuffled with the run's seed, epoch by epoch), so
+position `p` is always the same row. A row's prompt is its `messages` column, or a user
+message from its `prompt` column after the optional system prompt. A prompt longer than
+the budget (`batch.max_seq_len` minus the env's `max_tokens`) is skipped
+(`PromptSkipped`) rather than sent to fail at the server. Reading a row, rendering it and
+decoding a completion run in worker threads (the tokenizer releases the interpreter
+lock); rewards run in the reward pool's processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import attrs
+import numpy as np
+import trio
+
+from orchestrator.core.environments import Prompt, PromptSkipped, Sampling, ScoreFailed
+from orchestrator.errors import UserError
+from orchestrator.tasks.chat import ChatTokenizer
+from orchestrator.tasks.datasets import DataOrder, Dataset
+from orchestrator.tasks.reward_functions import RewardSpec
+from orchestrator.tasks.reward_pool import RewardFailed, RewardPool
+
+Message = dict[str, Any]
+
+
+@attrs.frozen
+class PromptColumns:
+    """Which columns of a row make its prompt and its answer."""
+
+    prompt: str | None = None  # the user message as text
+    messages: str | None = None  # a chat message list
+    system_prompt: str | None = None
+    answer: str | None = None
+
+    def messages_of(self, row: dict[str, Any]) -> list[Message]:
+        """The prompt's chat messages for `row`. Raises ValueError when the row's value
+        is not what the column must hold."""
+        if self.messages is not None:
+            value = row.get(self.messages)
+            if not isinstance(value, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in value
+            ):
+                raise ValueError(f"column {self.messages!r} is not a list of chat messages")
+            messages = [dict(m) for m in value]
+        else:
+            assert self.prompt is not None
+            text = row.get(self.prompt)
+            if not isinstance(text, str):
+                raise ValueError(f"column {self.prompt!r} is not text")
+            messages = [{"role": "user", "content": text}]
+        if self.system_prompt is not None and not (
+            messages and messages[0].get("role") == "system"
+        ):
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+
+@attrs.define(eq=False)
+class DatasetEnvironment:
+    """One `[[env]]` with a dataset; see the module docstring."""
+
+    name: str
+    dataset: Dataset
+    order: DataOrder
+    columns: PromptColumns
+    tokenizer: ChatTokenizer
+    rewards: tuple[RewardSpec, ...]
+    pool: RewardPool
+    sampling: Sampling
+    # The most tokens a prompt may have.
+    budget: int
+    limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
+    # Skips in a row: a whole epoch of them means no row fits (a fatal error, not a loop).
+    _skips_in_a_row: int = 0
+
+    async def prompt(self, index: int) -> Prompt:
+        epoch, row_index = self.order.row_at(index)
+        rendered = await trio.to_thread.run_sync(self._render, row_index, limiter=self.limiter)
+        if isinstance(rendered, str):
+            self._skipped(row_index, rendered)
+        row, messages, tokens = rendered
+        self._skips_in_a_row = 0
+        info = {
+            "row": row,
+            "prompt": messages,
+            "answer": None if self.columns.answer is None else row.get(self.columns.answer),
+            "row_index": row_index,
+            "epoch": epoch,
+        }
+        return Prompt(f"{self.name}-e{epoch}-r{row_index}", tokens, self.name, info, self.sampling)
+
+    def _render(self, row_index: int) -> tuple[dict[str, Any], list[Message], np.ndarray] | str:
+        """The row, its prompt messages and their tokens; or why the row is skipped.
+        Blocking."""
+        row = self.dataset.row(row_index)
+        try:
+            messages = self.columns.messages_of(row)
+        except ValueError as exc:
+            return f"row {row_index}: {exc}"
+        tokens = self.tokenizer.render_prompt(messages)
+        if len(tokens) > self.budget:
+            return (
+                f"row {row_index}: a prompt of {len(tokens)} tokens is over the budget of "
+                f"{self.budget} (batch.max_seq_len - max_tokens)"
+            )
+        return row, messages, tokens
+
+    def _skipped(self, row_index: int, reason: str) -> NoReturn:
+        self._skips_in_a_row += 1
+        if self._skips_in_a_row > len(self.dataset):
+            raise UserError(
+                f"env {self.name}: no row of {self.dataset.path} can be used ({reason})"
+            )
+        raise PromptSkipped(self.name, reason)
+
+    async def reply(
+        self, prompt: Prompt, turn: int, completion_ids: np.ndarray
+    ) -> np.ndarray | None:
+        return None
+
+    async def score(self, prompt: Prompt, completions: Sequence[np.ndarray]) -> float:
+        texts = await trio.to_thread.run_sync(
+            lambda: [self.tokenizer.decode(ids) for ids in completions], limiter=self.limiter
+        )
+        info = prompt.info
+        messages = [*info["prompt"], *({"role": "assistant", "content": t} for t in texts)]
+        arguments = {
+            "prompt": info["prompt"],
+            "completion": texts[-1],
+            "messages": messages,
+            "answer": info["answer"],
+            "info": info["row"],
+            "env": self.name,
+        }
+        try:
+            return await self.pool.score(self.name, self.rewards, arguments)
+        except RewardFailed as exc:
+            raise ScoreFailed(exc.kind, exc.detail) from None

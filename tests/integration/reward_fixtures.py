@@ -1,0 +1,72 @@
+"""Reward functions for the reward pool's tests, imported by its worker processes.
+
+`test_reward_pool.py` puts this folder on `sys.path` before it opens a pool, the way a user
+puts the folder of their own reward module there; spawned workers inherit `sys.path`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+def length(completion: str) -> float:
+    return float(len(completion))
+
+
+def answer_is_env(answer: str | None, env: str) -> float:
+    return 1.0 if answer == env else 0.0
+
+
+def numpy_half(completion: str) -> np.float32:
+    return np.float32(0.5)
+
+
+def trivial() -> float:
+    return 1.0
+
+
+def raises(completion: str) -> float:
+    raise ValueError(f"cannot score {completion!r}")
+
+
+def hangs() -> float:
+    time.sleep(3600)
+    return 1.0
+
+
+def exits() -> float:
+    os._exit(1)
+
+
+def nan() -> float:
+    return float("nan")
+
+
+def string() -> str:
+    return "1.0"
+
+
+def naps() -> float:
+    time.sleep(0.3)
+    return 1.0
+
+
+def no_daemon_modules(**kwargs: Any) -> float:
+    """1.0 where the daemon's packages are not loaded, else raise naming them. (The
+    `orchestrator` package's own `__init__` does load its handoff, payload, wire and core
+    layers, and trio with them.)"""
+    daemon = (
+        "orchestrator.daemon",
+        "orchestrator.commands",
+        "orchestrator.sim",
+        "orchestrator.config",
+    )
+    loaded = sorted(name for name in sys.modules if name.startswith(daemon))
+    if loaded:
+        raise RuntimeError(f"the worker imported {loaded}")
+    return 1.0

@@ -1,0 +1,197 @@
+"""The reward pool with real worker processes: scores, the concurrency limit, and every
+kind of failure (raised, timeout, worker_died, bad_value), each reported, logged once with
+its traceback, counted, and survived.
+
+The workers import the test reward functions from `reward_fixtures.py` beside this file.
+The tests run with `--import-mode=importlib`, which puts no test folder on `sys.path`, so
+the `fixtures_on_path` fixture puts this folder there before a pool opens: spawned
+workers start with the parent's `sys.path`, as a user's reward folder reaches them.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from structlog.testing import capture_logs
+
+from orchestrator.tasks.reward_functions import RewardSpec, load_reward
+from orchestrator.tasks.reward_pool import RewardFailed, open_reward_pool
+
+FIXTURES = Path(__file__).resolve().parent
+
+ARGUMENTS: dict[str, Any] = {
+    "prompt": [{"role": "user", "content": "Name a capital."}],
+    "completion": "Paris",
+    "messages": [
+        {"role": "user", "content": "Name a capital."},
+        {"role": "assistant", "content": "Paris"},
+    ],
+    "answer": "capitals",
+    "info": {"question": "Name a capital.", "answer": "capitals"},
+    "env": "capitals",
+}
+
+
+@pytest.fixture
+def fixtures_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(FIXTURES))
+
+
+def fixture(name: str, weight: float = 1.0) -> RewardSpec:
+    return load_reward(f"reward_fixtures:{name}", weight)
+
+
+@pytest.mark.usefixtures("fixtures_on_path")
+async def test_scores_weighted_sums_in_workers_that_import_no_daemon() -> None:
+    specs = [fixture("length", 0.5), fixture("answer_is_env", 2.0), fixture("numpy_half", -1.0)]
+    async with open_reward_pool(2, 10.0, preload=specs) as pool:
+        assert await pool.score("capitals", specs, ARGUMENTS) == 0.5 * 5 + 2.0 - 0.5
+        other = {**ARGUMENTS, "env": "rivers", "completion": "Nile!"}
+        assert await pool.score("rivers", specs, other) == 0.5 * 5 - 0.5
+        assert await pool.score("capitals", [fixture("no_daemon_modules")], ARGUMENTS) == 1.0
+
+        # Four calls of 0.3 s on two workers: two rounds, never four at once.
+        nap = [fixture("naps")]
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(pool.score, "capitals", nap, ARGUMENTS)
+        assert trio.current_time() - start >= 0.6
+        assert pool.failures == {}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fixtures_on_path")
+@pytest.mark.parametrize(
+    ("name", "kind", "detail", "from_worker"),
+    [
+        ("raises", "raised", "ValueError: cannot score 'Paris'", "in raises"),
+        ("hangs", "timeout", "no score within 1 s; worker killed", None),
+        ("exits", "worker_died", "the worker process exited with code 1", None),
+        (
+            "nan",
+            "bad_value",
+            "reward function 'reward_fixtures:nan' returned nan, not finite",
+            "nan",
+        ),
+        (
+            "string",
+            "bad_value",
+            "reward function 'reward_fixtures:string' returned '1.0' (str), not a number",
+            "RewardValueError",
+        ),
+    ],
+)
+async def test_a_failure_is_reported_logged_once_and_survived(
+    name: str, kind: str, detail: str, from_worker: str | None
+) -> None:
+    failing, good = [fixture(name)], [fixture("length")]
+    # One worker: the good call right after a kill or a death needs the replacement.
+    async with open_reward_pool(1, 1.0, preload=[*failing, *good]) as pool:
+        with capture_logs() as logs:
+            for _ in range(2):
+                with pytest.raises(RewardFailed) as raised:
+                    await pool.score("capitals", failing, ARGUMENTS)
+                assert (raised.value.kind, raised.value.detail) == (kind, detail)
+                assert str(raised.value) == f"reward {kind}: {detail}"
+                assert await pool.score("capitals", good, ARGUMENTS) == 5.0
+        assert pool.failures == {("capitals", kind): 2}
+
+    failed = [entry for entry in logs if entry["event"] == "reward failed"]
+    assert len(failed) == 1, logs
+    entry = failed[0]
+    assert entry["log_level"] == "warning"
+    assert (entry["env"], entry["kind"], entry["detail"]) == ("capitals", kind, detail)
+    if from_worker is None:
+        assert "traceback" not in entry
+    else:
+        # The traceback text was formatted in the worker: it ends in the fixture's frame.
+        assert entry["traceback"].startswith("Traceback (most recent call last):")
+        assert "reward_fixtures.py" in entry["traceback"] or kind == "bad_value"
+        assert from_worker in entry["traceback"]
+
+
+@pytest.mark.usefixtures("fixtures_on_path")
+async def test_failures_are_counted_by_environment_and_logged_once_for_each() -> None:
+    failing = [fixture("raises")]
+    async with open_reward_pool(1, 10.0, preload=failing) as pool:
+        with capture_logs() as logs:
+            for env in ("capitals", "rivers", "capitals"):
+                with pytest.raises(RewardFailed):
+                    await pool.score(env, failing, ARGUMENTS)
+        assert pool.failures == {("capitals", "raised"): 2, ("rivers", "raised"): 1}
+    assert [(e["env"], e["kind"]) for e in logs if e["event"] == "reward failed"] == [
+        ("capitals", "raised"),
+        ("rivers", "raised"),
+    ]
+
+
+async def test_a_user_module_on_sys_path_imports_in_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A folder next to the user's config, put on sys.path (as PYTHONPATH would) before
+    # the pool opens: not preloaded, so the worker imports it on its first call.
+    folder = tmp_path / "my_rewards"
+    folder.mkdir()
+    (folder / "site_rewards.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+
+            def from_my_folder(completion, info):
+                assert any(path.endswith("my_rewards") for path in sys.path)
+                return float(completion == "Paris") + len(info)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(folder))
+    spec = load_reward("site_rewards:from_my_folder", 1.0)
+    async with open_reward_pool(1, 10.0) as pool:
+        assert await pool.score("capitals", [spec], ARGUMENTS) == 3.0
+
+
+@pytest.mark.usefixtures("fixtures_on_path")
+async def test_the_builtins_score_in_workers() -> None:
+    specs = [
+        load_reward("orchestrator.rewards:math_answer", 1.0),
+        load_reward("orchestrator.rewards:exact_match", 0.5),
+        load_reward("orchestrator.rewards:number_format", 0.25),
+    ]
+    arguments = {**ARGUMENTS, "completion": "\\boxed{\\frac{1}{2}}", "answer": "0.5"}
+    async with open_reward_pool(1, 30.0, preload=specs) as pool:
+        assert await pool.score("math", specs, arguments) == 1.0
+        plain = {**arguments, "completion": "0.5"}
+        assert await pool.score("math", specs, plain) == 1.75
+        assert await pool.score("math", specs, {**arguments, "completion": "no idea"}) == 0.0
+
+
+@pytest.mark.usefixtures("fixtures_on_path")
+async def test_per_call_overhead() -> None:
+    # Not a benchmark: a floor that catches a pool gone badly wrong (e.g. a spawn per
+    # call). Prints the rate, sequential and with two calls in flight per worker.
+    trivial = [fixture("trivial")]
+    async with open_reward_pool(2, 10.0, preload=trivial) as pool:
+        calls = 200
+        start = time.perf_counter()
+        for _ in range(calls):
+            await pool.score("bench", trivial, ARGUMENTS)
+        sequential = calls / (time.perf_counter() - start)
+
+        start = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(2 * calls):
+                nursery.start_soon(pool.score, "bench", trivial, ARGUMENTS)
+        concurrent = 2 * calls / (time.perf_counter() - start)
+    print(
+        f"reward pool, 2 workers, trivial reward: {sequential:.0f} calls/s one at a time, "
+        f"{concurrent:.0f} calls/s concurrently",
+        file=sys.stderr,
+    )
+    assert sequential > 50
+    assert concurrent > 50

@@ -1,0 +1,104 @@
+"""Bad input for real tasks is one line and exit 2, from `check-config` and from `run`
+before anything is touched: a missing dataset, a mapped column it lacks, a tokenizer
+without a chat template, a reward path that does not import or is not callable. The
+payload root a failed start finds is left as it was."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "configs" / "demo.toml"
+MODEL = ROOT / "demo" / "model"
+ARITH = ROOT / "demo" / "data" / "arith.jsonl"
+CHAT = ROOT / "demo" / "data" / "chat.jsonl"
+
+
+def overrides(run_dir: Path, *more: str) -> list[str]:
+    base = [
+        f'run_dir="{run_dir}"',
+        f'model.tokenizer="{MODEL}"',
+        f'env.0.dataset="{ARITH}"',
+        f'env.1.dataset="{CHAT}"',
+        *more,
+    ]
+    return [arg for override in base for arg in ("--set", override)]
+
+
+def model_without_template(tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(MODEL, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+CASES = {
+    "missing dataset": (
+        lambda tmp: [f'env.0.dataset="{tmp / "nowhere.jsonl"}"'],
+        "env[0].dataset: dataset {tmp}/nowhere.jsonl: no such file or folder",
+    ),
+    "absent column": (
+        lambda tmp: ['env.0.prompt="query"'],
+        "env[0].prompt = 'query'",
+    ),
+    "no chat template": (
+        lambda tmp: [f'model.tokenizer="{model_without_template(tmp)}"'],
+        "model.tokenizer: the tokenizer in {tmp}/model has no chat template",
+    ),
+    "reward does not import": (
+        lambda tmp: ['env.1.rewards=["no_such_rewards_module:score"]'],
+        "env[1].rewards[0]: ",
+    ),
+    "reward not callable": (
+        lambda tmp: ['env.1.rewards=["orchestrator.rewards:__doc__"]'],
+        "env[1].rewards[0]: ",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_check_config_names_the_problem_in_one_line(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    change, expected = CASES[case]
+    code = main(["check-config", str(DEMO), *overrides(tmp_path / "run", *change(tmp_path))])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert expected.format(tmp=tmp_path) in err, err
+
+
+@pytest.mark.parametrize("case", ["missing dataset", "reward does not import"])
+def test_run_refuses_before_touching_the_payload_root(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    change, expected = CASES[case]
+    run_dir = tmp_path / "run"
+    # What an earlier run left: a fresh start would wipe it, a refused one must not.
+    left = run_dir / "payloads" / "v3" / "left.bin"
+    left.parent.mkdir(parents=True)
+    left.write_bytes(b"x" * 10)
+    code = main(["run", "--config", str(DEMO), *overrides(run_dir, *change(tmp_path))])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "Traceback" not in err
+    assert expected.format(tmp=tmp_path) in err, err
+    assert left.read_bytes() == b"x" * 10
+
+
+def test_a_config_with_the_old_env_table_is_told_where_its_keys_went(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = tmp_path / "old.toml"
+    old.write_text('run_dir = "r"\n[inference]\nurls = ["http://a:1"]\n[env]\nname = "mixed"\n')
+    assert main(["check-config", str(old)]) == 2
+    err = capsys.readouterr().err
+    assert "[env] is a single table" in err and "[sim]" in err and err.count("\n") == 1
