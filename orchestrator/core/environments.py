@@ -1,12 +1,14 @@
 """The environment seam: where prompts, turns and rewards come from.
 
 An environment is a small protocol the daemon is given (`run_daemon(environment=...)`):
-it hands out the run's prompts by index, answers each completion with the tokens of the
-next turn's message (or ends the episode), and scores the finished trajectory. Prompts go
-by index so that a resumed run goes on with the prompt after the last one it drew
-instead of replaying the run's first ones. All three are coroutines, so an environment
-may do its work off the event loop (tokenizing in a worker thread, rewards in worker
-processes or on another machine) without the daemon knowing. Each prompt says how it is
+it hands out the run's prompts by index, and starts an `Episode` for each rollout of a
+prompt, which answers each completion with the tokens of the next turn's messages (or
+ends the episode) and scores the finished trajectory. An episode holds what one rollout's
+conversation needs between turns (the members of a group diverge after their first
+completion). Prompts go by index so that a resumed run goes on with the prompt after the
+last one it drew instead of replaying the run's first ones. The work is coroutines, so an
+environment may do it off the event loop (tokenizing in a worker thread, rewards in
+worker processes or on another machine) without the daemon knowing. Each prompt says how it is
 sampled (`Sampling`: the request's sampling parameters and stop tokens) and how many
 turns its episode may take at most.
 
@@ -85,6 +87,23 @@ class ScoreFailed(Exception):
         self.detail = detail
 
 
+class Episode(Protocol):
+    """One rollout's conversation with its environment, turn by turn."""
+
+    async def reply(self, prompt_ids: np.ndarray, completion_ids: np.ndarray) -> np.ndarray | None:
+        """The tokens appended after a turn's completion, or None when the episode ends.
+
+        `prompt_ids` is the turn's prompt (the whole conversation so far, as sent) and
+        `completion_ids` what the server sampled: the next turn's prompt is both, then
+        what this returns. A failure raises (the rollout is counted failed)."""
+        ...
+
+    async def score(self, completions: Sequence[np.ndarray]) -> float:
+        """The trajectory's reward, from every turn's completion. Raises `ScoreFailed`
+        when it cannot be given."""
+        ...
+
+
 class Environment(Protocol):
     """What the daemon needs from an environment."""
 
@@ -99,14 +118,6 @@ class Environment(Protocol):
         `PromptSkipped` for an index it cannot use."""
         ...
 
-    async def reply(
-        self, prompt: Prompt, turn: int, completion_ids: np.ndarray
-    ) -> np.ndarray | None:
-        """The tokens appended after turn `turn`'s completion, or None when the episode
-        ends."""
-        ...
-
-    async def score(self, prompt: Prompt, completions: Sequence[np.ndarray]) -> float:
-        """The trajectory's reward, from every turn's completion. Raises `ScoreFailed`
-        when it cannot be given."""
+    def episode(self, prompt: Prompt) -> Episode:
+        """A new episode of `prompt`, for one rollout (no I/O: it runs on the event loop)."""
         ...

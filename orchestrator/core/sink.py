@@ -172,7 +172,8 @@ def _judge(group: GroupResult, limits: SinkLimits, bound: int) -> _Verdict:
 @attrs.define
 class EnvTally:
     """What the sink saw of one environment's groups: rollouts scored and their rewards,
-    discards by reason (units, as `TrainSink.counters`), samples shipped."""
+    discards by reason (units, as `TrainSink.counters`), samples shipped (a sample the
+    writer could not ship after all, `unship`, is counted shipped here)."""
 
     scored: int = 0
     reward_sum: float = 0.0
@@ -310,6 +311,7 @@ class TrainSink:
                 kept.append(group)
         self._queue = kept
         self._counters[Discard.SWEPT] += len(dropped)
+        self._tally(dropped, Discard.SWEPT)
         return self._leave(dropped)
 
     def ready(self, next_step: int) -> bool:
@@ -352,8 +354,14 @@ class TrainSink:
         for queued in batch:
             self._by_env.setdefault(queued.sample.env, EnvTally()).shipped += 1
         self._counters[Discard.PRUNED] += len(pruned)
+        self._tally(pruned, Discard.PRUNED)
         deletable.extend(self._leave(pruned))
         return [queued.sample for queued in batch], sorted(set(deletable))
+
+    def _tally(self, samples: Iterable[QueuedSample], reason: Discard) -> None:
+        """Queued samples discarded for `reason`, in their environments' tallies."""
+        for queued in samples:
+            self._by_env.setdefault(queued.sample.env, EnvTally()).discards[reason.value] += 1
 
     def unship(self, count: int) -> None:
         """`count` samples of the last assembled batch did not ship after all: the writer

@@ -23,7 +23,13 @@ from payload_gc import PayloadGCError, PayloadRootFiles
 from orchestrator.config import Config
 from orchestrator.core.admission import DispatchGate, Pipe
 from orchestrator.core.arrays import TOKEN_DTYPE
-from orchestrator.core.environments import Environment, Prompt, PromptSkipped, ScoreFailed
+from orchestrator.core.environments import (
+    Environment,
+    Episode,
+    Prompt,
+    PromptSkipped,
+    ScoreFailed,
+)
 from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult
 from orchestrator.core.samples import build_sample
 from orchestrator.core.sink import TrainSink
@@ -62,6 +68,8 @@ class RolloutRun:
     turns: list[tuple[int, TurnOutput]] = attrs.field(factory=list)
     failed: str | None = None
     server: str = ""  # the inference server its group is pinned to
+    # Its conversation with the environment (the members of a group diverge).
+    episode: Episode | None = None
 
 
 @attrs.define
@@ -307,7 +315,8 @@ class Dispatcher:
         version = self.state.versions.applied
         payload_dir = self._payload_dir(version) if self._writes_files else None
         tokens = np.asarray(prompt.token_ids, dtype=TOKEN_DTYPE)
-        run = RolloutRun(rollout_id, version, payload_dir, tokens, server=server)
+        episode = self.environment.episode(prompt)
+        run = RolloutRun(rollout_id, version, payload_dir, tokens, server=server, episode=episode)
         wants_routing = "routed_experts" in config.payload.fields
         # Delta replay: each turn asks for routing rows from where the previous turn's
         # rows ended (its last sampled token was never run forward), never for rows the
@@ -339,7 +348,15 @@ class Dispatcher:
                 run.failed = str(failure)
                 return run
             run.turns.append((len(run.tokens), turn))
-            reply = await self.environment.reply(prompt, turn_index, turn.completion_ids)
+            try:
+                reply = await episode.reply(run.tokens, turn.completion_ids)
+            except Exception as exc:  # user code: it fails this rollout, never the daemon
+                detail = f"the environment failed after turn {turn_index} ({exc!r:.200})"
+                self.state.dispatch.rejections.record(
+                    "environment", server, detail, rollout=rollout_id
+                )
+                run.failed = detail
+                return run
             if reply is None:
                 run.tokens = np.concatenate([run.tokens, turn.completion_ids])
                 break
@@ -375,9 +392,8 @@ class Dispatcher:
             dispatch.rollouts["stopped" if stopped else "failed"] += 1
             return RolloutResult(run.rollout_id, run.version, files=files, failed=run.failed)
         try:
-            reward = await self.environment.score(
-                prompt, [turn.completion_ids for _, turn in run.turns]
-            )
+            assert run.episode is not None  # every rollout that ran has its episode
+            reward = await run.episode.score([turn.completion_ids for _, turn in run.turns])
         except ScoreFailed as exc:
             # Logged by the environment (once per env and kind, with its traceback).
             dispatch.rollouts["reward_failed"] += 1

@@ -1,7 +1,8 @@
 """The simulator's toy environments: random token ids scored by a hash.
 
 They exist for the demo, the tests and the benchmarks, and implement the daemon's
-environment seam (`orchestrator.core.environments`). Their rewards make some groups
+environment seam (`orchestrator.core.environments`): `reply` and `score` are each toy's
+rules, which its episodes (`ToyEpisode`) follow turn by turn. Their rewards make some groups
 all-equal (no signal) and some not, like real tasks of varying difficulty: each prompt
 carries a hidden difficulty in `info`, the probability that a completion scores.
 """
@@ -16,7 +17,7 @@ import attrs
 import numpy as np
 
 from orchestrator.core.arrays import TOKEN_DTYPE
-from orchestrator.core.environments import Environment, Prompt, Sampling
+from orchestrator.core.environments import Environment, Episode, Prompt, Sampling
 
 #: The toy environments, by the name `[env] name` gives.
 TOY_ENVIRONMENTS = ("math", "chat", "mixed")
@@ -72,6 +73,31 @@ def _random_prompt(
     return Prompt(prompt_id, tokens, env.name, info, sampling)
 
 
+class _ToyRules(Protocol):
+    async def reply(
+        self, prompt: Prompt, turn: int, completion_ids: np.ndarray
+    ) -> np.ndarray | None: ...
+
+    async def score(self, prompt: Prompt, completions: Sequence[np.ndarray]) -> float: ...
+
+
+@attrs.define
+class ToyEpisode:
+    """One rollout of a toy prompt: the environment's rules, turn by turn."""
+
+    rules: _ToyRules
+    prompt: Prompt
+    turn: int = 0
+
+    async def reply(self, prompt_ids: np.ndarray, completion_ids: np.ndarray) -> np.ndarray | None:
+        answer = await self.rules.reply(self.prompt, self.turn, completion_ids)
+        self.turn += 1
+        return answer
+
+    async def score(self, completions: Sequence[np.ndarray]) -> float:
+        return await self.rules.score(self.prompt, completions)
+
+
 @attrs.frozen
 class MathEnvironment:
     """Single turn: one prompt, one answer, a reward."""
@@ -85,6 +111,9 @@ class MathEnvironment:
 
     async def prompt(self, index: int) -> Prompt:
         return self._draw(_prompt_rng(self.seed, index))
+
+    def episode(self, prompt: Prompt) -> Episode:
+        return ToyEpisode(self, prompt)
 
     def _draw(self, rng: random.Random) -> Prompt:
         # A third of prompts are trivial or impossible: their groups have no signal.
@@ -120,6 +149,9 @@ class ChatEnvironment:
     async def prompt(self, index: int) -> Prompt:
         return self._draw(_prompt_rng(self.seed, index))
 
+    def episode(self, prompt: Prompt) -> Episode:
+        return ToyEpisode(self, prompt)
+
     def _draw(self, rng: random.Random) -> Prompt:
         sampling = Sampling(max_tokens=self.max_tokens, max_turns=self.max_turns)
         return _random_prompt(self, rng, rng.random, sampling)
@@ -147,22 +179,15 @@ class MixedEnvironment:
     seed: int = 0
     name: str = "mixed"
 
-    def _pick(self, prompt: Prompt) -> Environment:
-        return self.chat if prompt.env == self.chat.name else self.math
-
     async def prompt(self, index: int) -> Prompt:
         rng = _prompt_rng(self.seed, index)
         if rng.random() < 0.5:
             return self.chat._draw(rng)
         return self.math._draw(rng)
 
-    async def reply(
-        self, prompt: Prompt, turn: int, completion_ids: np.ndarray
-    ) -> np.ndarray | None:
-        return await self._pick(prompt).reply(prompt, turn, completion_ids)
-
-    async def score(self, prompt: Prompt, completions: Sequence[np.ndarray]) -> float:
-        return await self._pick(prompt).score(prompt, completions)
+    def episode(self, prompt: Prompt) -> Episode:
+        rules = self.chat if prompt.env == self.chat.name else self.math
+        return rules.episode(prompt)
 
 
 def toy_environment(

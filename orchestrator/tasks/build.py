@@ -5,7 +5,9 @@ it loads the tokenizer (a chat template required), opens every dataset and check
 columns, imports every reward function. Each problem is one `UserError` line naming the
 key; `orchestrator check-config` and `orchestrator run` (before the payload root is
 wiped) both call it. `open_task_environment` then opens the reward pool and hands out the
-environment the daemon draws from: the one `[[env]]`, or their mixture by `ratio`.
+environment the daemon draws from: the one `[[env]]`, or their mixture by `ratio`. An
+`[[env]]` is a dataset scored by reward functions (`dataset_env.py`) or a plugin built by
+its factory (`plugin_env.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import attrs
 import trio
@@ -26,8 +28,9 @@ from orchestrator.tasks.chat import ChatTokenizer
 from orchestrator.tasks.dataset_env import DatasetEnvironment, PromptColumns
 from orchestrator.tasks.datasets import DataOrder, Dataset, open_dataset, require_columns
 from orchestrator.tasks.mixture import EnvironmentMixture
-from orchestrator.tasks.reward_functions import RewardSpec, load_reward
-from orchestrator.tasks.reward_pool import open_reward_pool
+from orchestrator.tasks.plugin_env import PluginEnvironment
+from orchestrator.tasks.reward_functions import RewardSpec, import_callable, load_reward
+from orchestrator.tasks.reward_pool import RewardPool, open_reward_pool
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -36,8 +39,9 @@ T = TypeVar("T")
 @attrs.frozen
 class LoadedEnv:
     config: EnvConfig
-    dataset: Dataset
     rewards: tuple[RewardSpec, ...]
+    dataset: Dataset | None = None  # a dataset env
+    plugin: Any = None  # a plugin env: what its factory built
 
 
 @attrs.frozen
@@ -49,7 +53,8 @@ class LoadedTasks:
 
     def close(self) -> None:
         for env in self.envs:
-            env.dataset.close()
+            if env.dataset is not None:
+                env.dataset.close()
 
 
 def user_module_path() -> None:
@@ -78,8 +83,7 @@ def load_tasks(config: Config) -> LoadedTasks:
         for index, env in enumerate(config.env):
             envs.append(_load_env(index, env))
     except BaseException:
-        for loaded in envs:
-            loaded.dataset.close()
+        LoadedTasks(tokenizer, tuple(envs)).close()
         raise
     return LoadedTasks(tokenizer, tuple(envs))
 
@@ -87,10 +91,7 @@ def load_tasks(config: Config) -> LoadedTasks:
 def _load_env(index: int, env: EnvConfig) -> LoadedEnv:
     key = f"env[{index}]"
     if env.factory is not None:
-        raise UserError(
-            f"{key}.factory: plugin environments are not supported by this version yet "
-            "(use a dataset with reward functions)"
-        )
+        return _load_plugin(key, env, env.factory)
     assert env.dataset is not None
     dataset = _keyed(f"{key}.dataset", open_dataset, env.dataset)
     try:
@@ -104,14 +105,40 @@ def _load_env(index: int, env: EnvConfig) -> LoadedEnv:
             if column is not None
         }
         require_columns(dataset, columns)
-        rewards = tuple(
-            _keyed(f"{key}.rewards[{i}]", load_reward, path, weight)
-            for i, (path, weight) in enumerate(zip(env.rewards, env.weights, strict=True))
-        )
+        rewards = _load_rewards(key, env)
     except BaseException:
         dataset.close()
         raise
-    return LoadedEnv(env, dataset, rewards)
+    return LoadedEnv(env, rewards, dataset=dataset)
+
+
+def _load_rewards(key: str, env: EnvConfig) -> tuple[RewardSpec, ...]:
+    return tuple(
+        _keyed(f"{key}.rewards[{i}]", load_reward, path, weight)
+        for i, (path, weight) in enumerate(zip(env.rewards, env.weights, strict=True))
+    )
+
+
+def _load_plugin(key: str, env: EnvConfig, path: str) -> LoadedEnv:
+    """Build the plugin: its factory called with `args`, its methods checked."""
+    factory = _keyed(f"{key}.factory", import_callable, path, "factory")
+    try:
+        plugin = factory(**env.args)
+    except Exception as exc:
+        raise UserError(f"{key}.factory: {path}(**args) raised {exc!r:.300}") from None
+    for method in ("prompt", "step"):
+        if not callable(getattr(plugin, method, None)):
+            raise UserError(
+                f"{key}.factory: {path} built a {type(plugin).__name__} without a {method}() "
+                "method (a plugin environment has prompt(index) and step(messages, info))"
+            )
+    rewards = _load_rewards(key, env)
+    if not rewards and not callable(getattr(plugin, "score", None)):
+        raise UserError(
+            f"{key}.rewards: {path} built a {type(plugin).__name__} without a score() "
+            "method: list reward functions to score its episodes"
+        )
+    return LoadedEnv(env, rewards, plugin=plugin)
 
 
 def _keyed(key: str, load: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -139,23 +166,7 @@ async def open_task_environment(config: Config) -> AsyncIterator[Environment]:
         specs = [spec for env in tasks.envs for spec in env.rewards]
         async with open_reward_pool(workers, config.rewards.timeout_s, preload=specs) as pool:
             environments = [
-                DatasetEnvironment(
-                    name=loaded.config.name,
-                    dataset=loaded.dataset,
-                    order=DataOrder(len(loaded.dataset), config.seed, loaded.config.name),
-                    columns=PromptColumns(
-                        prompt=loaded.config.prompt,
-                        messages=loaded.config.messages,
-                        system_prompt=loaded.config.system_prompt,
-                        answer=loaded.config.answer,
-                    ),
-                    tokenizer=tasks.tokenizer,
-                    rewards=loaded.rewards,
-                    pool=pool,
-                    sampling=_sampling(loaded.config, tasks.tokenizer),
-                    budget=config.batch.max_seq_len - loaded.config.max_tokens,
-                )
-                for loaded in tasks.envs
+                _environment(config, loaded, tasks.tokenizer, pool) for loaded in tasks.envs
             ]
             if len(environments) == 1:
                 yield environments[0]
@@ -167,12 +178,47 @@ async def open_task_environment(config: Config) -> AsyncIterator[Environment]:
         tasks.close()
 
 
-def _sampling(env: EnvConfig, tokenizer: ChatTokenizer) -> Sampling:
+def _environment(
+    config: Config, loaded: LoadedEnv, tokenizer: ChatTokenizer, pool: RewardPool
+) -> Environment:
+    env = loaded.config
+    budget = config.batch.max_seq_len - env.max_tokens
+    if loaded.plugin is not None:
+        return PluginEnvironment(
+            name=env.name,
+            plugin=loaded.plugin,
+            tokenizer=tokenizer,
+            sampling=_sampling(env, tokenizer, max_turns=env.max_turns),
+            rewards=loaded.rewards,
+            pool=pool,
+            budget=budget,
+            timeout_s=config.rewards.timeout_s,
+        )
+    assert loaded.dataset is not None
+    return DatasetEnvironment(
+        name=env.name,
+        dataset=loaded.dataset,
+        order=DataOrder(len(loaded.dataset), config.seed, env.name),
+        columns=PromptColumns(
+            prompt=env.prompt,
+            messages=env.messages,
+            system_prompt=env.system_prompt,
+            answer=env.answer,
+        ),
+        tokenizer=tokenizer,
+        rewards=loaded.rewards,
+        pool=pool,
+        sampling=_sampling(env, tokenizer, max_turns=1),
+        budget=budget,
+    )
+
+
+def _sampling(env: EnvConfig, tokenizer: ChatTokenizer, *, max_turns: int) -> Sampling:
     return Sampling(
         max_tokens=env.max_tokens,
         temperature=env.temperature,
         top_p=env.top_p,
         top_k=env.top_k,
         stop_token_ids=tokenizer.stop_token_ids,
-        max_turns=1,
+        max_turns=max_turns,
     )

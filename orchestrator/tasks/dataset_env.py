@@ -20,12 +20,17 @@ import attrs
 import numpy as np
 import trio
 
-from orchestrator.core.environments import Prompt, PromptSkipped, Sampling, ScoreFailed
+from orchestrator.core.environments import (
+    Episode,
+    Prompt,
+    PromptSkipped,
+    Sampling,
+)
 from orchestrator.errors import UserError
 from orchestrator.tasks.chat import ChatTokenizer
 from orchestrator.tasks.datasets import DataOrder, Dataset
 from orchestrator.tasks.reward_functions import RewardSpec
-from orchestrator.tasks.reward_pool import RewardFailed, RewardPool
+from orchestrator.tasks.reward_pool import RewardPool, score_episode
 
 Message = dict[str, Any]
 
@@ -120,26 +125,37 @@ class DatasetEnvironment:
             )
         raise PromptSkipped(self.name, reason)
 
-    async def reply(
-        self, prompt: Prompt, turn: int, completion_ids: np.ndarray
-    ) -> np.ndarray | None:
-        return None
+    def episode(self, prompt: Prompt) -> Episode:
+        return DatasetEpisode(self, prompt)
 
     async def score(self, prompt: Prompt, completions: Sequence[np.ndarray]) -> float:
+        """The rollout's reward: its completions decoded, the reward functions run on
+        them in the reward pool. Raises `ScoreFailed`."""
         texts = await trio.to_thread.run_sync(
             lambda: [self.tokenizer.decode(ids) for ids in completions], limiter=self.limiter
         )
         info = prompt.info
-        messages = [*info["prompt"], *({"role": "assistant", "content": t} for t in texts)]
-        arguments = {
-            "prompt": info["prompt"],
-            "completion": texts[-1],
-            "messages": messages,
-            "answer": info["answer"],
-            "info": info["row"],
-            "env": self.name,
-        }
-        try:
-            return await self.pool.score(self.name, self.rewards, arguments)
-        except RewardFailed as exc:
-            raise ScoreFailed(exc.kind, exc.detail) from None
+        return await score_episode(
+            self.pool,
+            self.name,
+            self.rewards,
+            prompt=info["prompt"],
+            messages=[*info["prompt"], *({"role": "assistant", "content": t} for t in texts)],
+            completion=texts[-1],
+            answer=info["answer"],
+            info=info["row"],
+        )
+
+
+@attrs.frozen
+class DatasetEpisode:
+    """One rollout of a dataset row: a single turn, then the reward functions."""
+
+    env: DatasetEnvironment
+    prompt: Prompt
+
+    async def reply(self, prompt_ids: np.ndarray, completion_ids: np.ndarray) -> np.ndarray | None:
+        return None
+
+    async def score(self, completions: Sequence[np.ndarray]) -> float:
+        return await self.env.score(self.prompt, completions)

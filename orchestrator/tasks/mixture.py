@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from orchestrator.core.environments import Environment, Prompt
+from orchestrator.core.environments import Environment, Episode, Prompt
 
 #: Prompt indices per block of environment choices.
 BLOCK = 1 << 16
@@ -82,16 +82,10 @@ class EnvironmentMixture:
         env, position = self.choice(index)
         return await self.environments[env].prompt(position)
 
-    async def reply(
-        self, prompt: Prompt, turn: int, completion_ids: np.ndarray
-    ) -> np.ndarray | None:
-        return await self._of(prompt).reply(prompt, turn, completion_ids)
-
-    async def score(self, prompt: Prompt, completions: Sequence[np.ndarray]) -> float:
-        return await self._of(prompt).score(prompt, completions)
-
-    def _of(self, prompt: Prompt) -> Environment:
+    def episode(self, prompt: Prompt) -> Episode:
+        """An episode of the environment `prompt` came from."""
         try:
-            return self._by_name[prompt.env]
+            environment = self._by_name[prompt.env]
         except KeyError:
             raise ValueError(f"no environment named {prompt.env!r} in this mixture") from None
+        return environment.episode(prompt)

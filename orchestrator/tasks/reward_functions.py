@@ -73,25 +73,32 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
-def _split_path(path: str) -> tuple[str, str]:
+def _split_path(path: str, what: str) -> tuple[str, str]:
     module_name, colon, attribute = path.partition(":")
     if not colon or ":" in attribute or not module_name or not attribute:
         raise RewardConfigError(
-            f"reward function {path!r}: write it as 'module:function' (one ':', both parts)"
+            f"{what} {path!r}: write it as 'module:function' (one ':', both parts)"
         )
     return module_name, attribute
 
 
-@functools.cache
 def _import_function(path: str) -> Callable[..., Any]:
-    # Cached per process: a worker imports and looks up each function once. Failures
-    # raise and are not cached, so a module fixed on disk is picked up by the next call.
-    module_name, attribute = _split_path(path)
+    return import_callable(path, "reward function")
+
+
+@functools.cache
+def import_callable(path: str, what: str) -> Callable[..., Any]:
+    """The function a "module:function" `path` names (`what` it is, for the messages:
+    "reward function", "factory"). Raises `RewardConfigError`, one line.
+
+    Cached per process: a worker imports and looks up each function once. Failures raise
+    and are not cached, so a module fixed on disk is picked up by the next call."""
+    module_name, attribute = _split_path(path, what)
     try:
         module = importlib.import_module(module_name)
     except (Exception, SystemExit) as exc:
         raise RewardConfigError(
-            f"reward function {path!r}: module {module_name!r} does not import: {_one_line(exc)}"
+            f"{what} {path!r}: module {module_name!r} does not import: {_one_line(exc)}"
         ) from exc
     found: object = module
     for name in attribute.split("."):
@@ -99,11 +106,11 @@ def _import_function(path: str) -> Callable[..., Any]:
             found = getattr(found, name)
         except AttributeError:
             raise RewardConfigError(
-                f"reward function {path!r}: module {module_name!r} has no {attribute!r}"
+                f"{what} {path!r}: module {module_name!r} has no {attribute!r}"
             ) from None
     if not callable(found):
         raise RewardConfigError(
-            f"reward function {path!r}: {attribute!r} is a {type(found).__name__}, not a function"
+            f"{what} {path!r}: {attribute!r} is a {type(found).__name__}, not a function"
         )
     return found
 

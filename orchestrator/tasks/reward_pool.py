@@ -23,6 +23,7 @@ import structlog
 import trio
 import trio_parallel
 
+from orchestrator.core.environments import ScoreFailed
 from orchestrator.tasks.reward_functions import (
     RewardSpec,
     ScoreOutcome,
@@ -206,3 +207,31 @@ async def open_reward_pool(
             for _ in range(workers):
                 nursery.start_soon(pool._start_first_worker)
         yield pool
+
+
+async def score_episode(
+    pool: RewardPool,
+    env: str,
+    specs: Sequence[RewardSpec],
+    *,
+    prompt: Sequence[Mapping[str, Any]],
+    messages: Sequence[Mapping[str, Any]],
+    completion: str,
+    answer: object,
+    info: Mapping[str, Any],
+) -> float:
+    """An episode of `env` scored by its reward functions in `pool`, with the contract's
+    arguments (`REWARD_ARGUMENTS`). Raises `ScoreFailed` (the environment seam's) for any
+    `RewardFailed`."""
+    arguments = {
+        "prompt": list(prompt),
+        "completion": completion,
+        "messages": list(messages),
+        "answer": answer,
+        "info": dict(info),
+        "env": env,
+    }
+    try:
+        return await pool.score(env, specs, arguments)
+    except RewardFailed as exc:
+        raise ScoreFailed(exc.kind, exc.detail) from None

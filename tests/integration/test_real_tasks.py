@@ -163,3 +163,81 @@ async def test_a_resumed_run_continues_the_data(tmp_path: Path) -> None:
     before, after = prompts_of(resumed, [1, 2]), prompts_of(resumed, [3, 4])
     assert before and after and not before & after
     assert outcome.state.dispatch.prompts_drawn > drawn
+
+
+GAME = '''
+class Game:
+    """Guess the number: the user answers each guess until `turns` replies were given."""
+
+    def __init__(self, turns, fail_every=0):
+        self.turns = turns
+        self.fail_every = fail_every
+
+    def prompt(self, index):
+        messages = [
+            {"role": "system", "content": "Guess the number."},
+            {"role": "user", "content": f"Game {index}: your guess?"},
+        ]
+        return messages, {"answer": str(index % 10), "index": index}
+
+    def step(self, messages, info):
+        replies = sum(1 for m in messages if m["role"] == "assistant")
+        if self.fail_every and info["index"] % self.fail_every == 0 and replies == 2:
+            raise RuntimeError("the game crashed")
+        if replies >= self.turns:
+            return None
+        return [{"role": "user", "content": "Wrong, try again."}]
+
+    def score(self, messages, info):
+        replies = [m["content"] for m in messages if m["role"] == "assistant"]
+        hits = sum(info["answer"] in reply for reply in replies)
+        return hits / len(replies) + len(replies[-1]) % 2
+
+
+def make_game(turns=3, fail_every=0):
+    return Game(turns, fail_every)
+'''
+
+
+async def test_a_plugin_environment_plays_multi_turn_episodes_bridged_onto_sampled_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "games.py").write_text(GAME)
+    monkeypatch.chdir(tmp_path)
+    config = demo_config(
+        tmp_path / "run",
+        "max_steps=3",
+        'env=[{name = "game", factory = "games:make_game", args = {turns = 3, fail_every = 4},'
+        " max_turns = 3, max_tokens = 12}]",
+    )
+    with trio.fail_after(180):
+        outcome = await launch_run(config)
+    assert shipped_steps(config.batches_dir) == [1, 2, 3]
+    tokenizer = ChatTokenizer.load(MODEL, require_chat_template=True)
+    samples = shipped_samples(config)
+    assert samples and {s.env for s in samples} == {"game"}
+    multi_turn = 0
+    for sample in samples:
+        index = int(sample.group_id.rsplit("-", 1)[1])
+        first = tokenizer.render_prompt(
+            [
+                {"role": "system", "content": "Guess the number."},
+                {"role": "user", "content": f"Game {index}: your guess?"},
+            ]
+        )
+        tokens, trained = sample.token_ids.tolist(), sample.loss_mask.tolist()
+        assert tokens[: len(first)] == first.tolist()
+        # After the first completion: the environment's turns (not trained), each the
+        # bridged "Wrong, try again." user message, between the trained completions.
+        spans, start = [], len(first)
+        for position in range(len(first), len(tokens) + 1):
+            if position == len(tokens) or trained[position] != trained[start]:
+                spans.append((trained[start], tokens[start:position]))
+                start = position
+        environment = [ids for is_trained, ids in spans if not is_trained]
+        assert all("Wrong, try again." in tokenizer.tokenizer.decode(ids) for ids in environment)
+        assert len(environment) <= 2
+        multi_turn += bool(environment)
+    assert multi_turn > 0
+    # The episodes whose game crashed failed alone; the run went on.
+    assert outcome.state.dispatch.failures["environment"] > 0

@@ -1,6 +1,7 @@
 """Bad input for real tasks is one line and exit 2, from `check-config` and from `run`
 before anything is touched: a missing dataset, a mapped column it lacks, a tokenizer
-without a chat template, a reward path that does not import or is not callable. The
+without a chat template, a reward or factory path that does not import or is not
+callable, a plugin without its methods. The
 payload root a failed start finds is left as it was."""
 
 from __future__ import annotations
@@ -56,6 +57,14 @@ CASES = {
     "reward does not import": (
         lambda tmp: ['env.1.rewards=["no_such_rewards_module:score"]'],
         "env[1].rewards[0]: ",
+    ),
+    "factory does not import": (
+        lambda tmp: ['env=[{name = "p", factory = "no_such_games:make", rewards = ["x:y"]}]'],
+        "env[0].factory: factory 'no_such_games:make': module 'no_such_games' does not import",
+    ),
+    "plugin without its methods": (
+        lambda tmp: ['env=[{name = "p", factory = "builtins:dict"}]'],
+        "env[0].factory: builtins:dict built a dict without a prompt() method",
     ),
     "reward not callable": (
         lambda tmp: ['env.1.rewards=["orchestrator.rewards:__doc__"]'],

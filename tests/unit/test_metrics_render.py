@@ -192,6 +192,11 @@ FAMILIES = {
     "orchestrator_inflight_limit": "gauge",
     "orchestrator_queued_samples": "gauge",
     "orchestrator_samples_shipped_total": "counter",
+    "orchestrator_env_rollouts_scored_total": "counter",
+    "orchestrator_env_reward_sum_total": "counter",
+    "orchestrator_env_samples_shipped_total": "counter",
+    "orchestrator_env_discards_total": "counter",
+    "orchestrator_env_prompts_skipped_total": "counter",
     "orchestrator_collection_duration_seconds": "histogram",
     "orchestrator_collection_last_duration_seconds": "gauge",
     "orchestrator_event_loop_lag_seconds": "histogram",
@@ -228,6 +233,19 @@ def test_every_family_is_present_with_help_and_type() -> None:
     for name, family in families.items():
         assert family.help, name
         assert family.type != "counter" or name.endswith("_total"), name
+
+
+def test_the_env_families_equal_the_sink_s_tally() -> None:
+    _, sink, families = _render_busy()
+    (env,) = sink.by_env  # the busy sink's groups name no env
+    tally = sink.by_env[env]
+    assert value(families, "orchestrator_env_rollouts_scored_total", env=env) == tally.scored
+    assert value(families, "orchestrator_env_reward_sum_total", env=env) == tally.reward_sum
+    assert value(families, "orchestrator_env_samples_shipped_total", env=env) == sink.shipped
+    for reason, count in tally.discards.items():
+        assert value(families, "orchestrator_env_discards_total", env=env, reason=reason) == count
+    # The env's discards are all the sink's.
+    assert tally.discards == {r: n for r, n in sink.counters.items() if n}
 
 
 def test_counters_by_label_equal_the_state() -> None:

@@ -75,3 +75,21 @@ async def test_scores_follow_the_hidden_difficulty() -> None:
 def test_an_unknown_name_is_one_clear_error() -> None:
     with pytest.raises(ValueError, match=r"unknown environment 'poetry' \(one of"):
         make("poetry")
+
+
+async def test_an_episode_follows_its_env_s_rules_turn_by_turn() -> None:
+    chat = make("chat")
+    prompt = await chat.prompt(1)
+    first, second = chat.episode(prompt), chat.episode(prompt)
+    completion = np.array([5, 9, 11], dtype=np.int32)
+    assert np.array_equal(
+        await first.reply(prompt.token_ids, completion), await chat.reply(prompt, 0, completion)
+    )
+    # Each episode counts its own turns: the third reply ends the first one only.
+    await first.reply(prompt.token_ids, completion)
+    assert await first.reply(prompt.token_ids, completion) is None
+    assert await second.reply(prompt.token_ids, completion) is not None
+    assert await first.score([completion]) == await chat.score(prompt, [completion])
+    mixed = make("mixed")
+    math_prompt = next(p for p in [await mixed.prompt(i) for i in range(20)] if p.env == "math")
+    assert await mixed.episode(math_prompt).reply(math_prompt.token_ids, completion) is None

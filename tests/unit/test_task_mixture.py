@@ -11,8 +11,19 @@ import attrs
 import numpy as np
 import pytest
 
-from orchestrator.core.environments import Prompt
+from orchestrator.core.environments import Episode, Prompt
 from orchestrator.tasks.mixture import BLOCK, EnvironmentMixture
+
+
+@attrs.frozen
+class RecordedEpisode:
+    prompt: Prompt
+
+    async def reply(self, prompt_ids: np.ndarray, completion_ids: np.ndarray) -> None:
+        return None
+
+    async def score(self, completions: Sequence[np.ndarray]) -> float:
+        return float(self.prompt.info["position"])
 
 
 @attrs.frozen
@@ -24,11 +35,8 @@ class Recorder:
     async def prompt(self, index: int) -> Prompt:
         return Prompt(f"{self.name}-{index}", [1], self.name, {"position": index})
 
-    async def reply(self, prompt: Prompt, turn: int, completion_ids: np.ndarray) -> None:
-        return None
-
-    async def score(self, prompt: Prompt, completions: Sequence[np.ndarray]) -> float:
-        return float(prompt.info["position"])
+    def episode(self, prompt: Prompt) -> Episode:
+        return RecordedEpisode(prompt)
 
 
 def mixture(seed: int = 3) -> EnvironmentMixture:
@@ -59,14 +67,15 @@ def test_the_choice_is_a_function_of_the_index_alone() -> None:
     assert [mixture(seed=4).choice(i) for i in range(50)] != expected[:50]
 
 
-async def test_prompts_replies_and_scores_go_to_the_env_the_prompt_came_from() -> None:
+async def test_episodes_are_the_env_s_the_prompt_came_from() -> None:
     mix = mixture()
     prompts = [await mix.prompt(i) for i in range(40)]
     for index, prompt in enumerate(prompts):
         env, position = mix.choice(index)
         assert prompt.env == "abc"[env] and prompt.info["position"] == position
-        assert await mix.score(prompt, []) == position
-        assert await mix.reply(prompt, 0, np.array([], np.int32)) is None
+        episode = mix.episode(prompt)
+        assert await episode.score([]) == position
+        assert await episode.reply(prompt.token_ids, np.array([], np.int32)) is None
 
 
 def test_one_env_is_the_identity_and_bad_ratios_are_refused() -> None:

@@ -18,7 +18,7 @@ from orchestrator.daemon.run_state import RunState
 # first scrape on instead of one that appears with the first event. Values found in the
 # state that are not listed here are reported too, after these.
 ROLLOUT_OUTCOMES = ("completed", "failed", "poisoned", "stopped", "reward_failed")
-# The dispatcher's failure kinds: the inference client's, then its own three
+# The dispatcher's failure kinds: the inference client's, then its own four
 # (orchestrator/daemon/rejections.py records every one).
 FAILURE_KINDS = (
     "connect",
@@ -31,6 +31,7 @@ FAILURE_KINDS = (
     "poisoned_payload",
     "stitching",
     "routing_gap",
+    "environment",
 )
 DISCARD_REASONS = tuple(reason.value for reason in Discard)
 DELETION_PATHS = ("discard", "sweep", "collection", "wipe")
@@ -160,6 +161,44 @@ class RunCollector:
             "Samples shipped to the trainer in batches.",
             value=sink.shipped,
         )
+        yield from _by_env(p, state, sink)
+
+
+def _by_env(p: str, state: RunState, sink: TrainSink) -> Iterator[Metric]:
+    """The sink's tally by environment (its `[[env]]` name): mean reward is
+    `env_reward_sum_total / env_rollouts_scored_total`."""
+    tallies = sorted(sink.by_env.items())
+    scored = CounterMetricFamily(
+        f"{p}env_rollouts_scored_total", "Rollouts scored, by environment.", labels=["env"]
+    )
+    rewards = CounterMetricFamily(
+        f"{p}env_reward_sum_total",
+        "The sum of the scored rollouts' rewards, by environment (it can go down: rewards "
+        "may be negative).",
+        labels=["env"],
+    )
+    shipped = CounterMetricFamily(
+        f"{p}env_samples_shipped_total", "Samples shipped, by environment.", labels=["env"]
+    )
+    discards = CounterMetricFamily(
+        f"{p}env_discards_total",
+        "Units discarded, by environment and reason.",
+        labels=["env", "reason"],
+    )
+    skipped = CounterMetricFamily(
+        f"{p}env_prompts_skipped_total",
+        "Prompts an environment skipped (a dataset row over the prompt budget), by environment.",
+        labels=["env"],
+    )
+    for env, tally in tallies:
+        scored.add_metric([env], tally.scored)
+        rewards.add_metric([env], tally.reward_sum)
+        shipped.add_metric([env], tally.shipped)
+        for reason, count in sorted(tally.discards.items()):
+            discards.add_metric([env, reason], count)
+    for env, count in sorted(state.dispatch.prompts_skipped.items()):
+        skipped.add_metric([env], count)
+    yield from (scored, rewards, shipped, discards, skipped)
 
 
 def metrics_registry(
