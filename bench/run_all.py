@@ -19,6 +19,8 @@ SCRIPTS = [
     "system_disk.py",
     # The adaptive in-flight limit against a fixed one on an overloaded fleet (issue 15).
     "system_overload.py",
+    # Real tasks (tokenizer, chat template, rewards in worker processes) against the toy.
+    "real_tasks.py",
     # Batches of 256 and 512 rollouts of ~4,500 tokens: lag, memory, batch write and read.
     "system_scale.py",
     # Version detection and collection on sshfs over loopback, with and without caches

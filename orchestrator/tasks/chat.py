@@ -74,6 +74,10 @@ _BASE_PROMPT: tuple[Message, ...] = ({"role": "user", "content": "x"},)
 _BASE_REPLY = "yq7"
 
 
+#: transformers' own "no limit" (its VERY_LARGE_INTEGER) for `model_max_length`.
+_NO_LENGTH_LIMIT = int(1e30)
+
+
 class TokenizerError(UserError):
     """A model folder's tokenizer cannot be loaded or lacks what the task needs."""
 
@@ -137,6 +141,9 @@ class ChatTokenizer:
                 f"the tokenizer in {folder} has no chat template "
                 "(tokenizer_config.json's chat_template or chat_template.jinja)"
             )
+        # The daemon keeps its own budget (batch.max_seq_len): a prompt longer than the
+        # folder's model_max_length is not the tokenizer's to warn about on every call.
+        tokenizer.model_max_length = _NO_LENGTH_LIMIT
         return cls(folder, tokenizer, _stop_token_ids(folder, tokenizer))
 
     @property

@@ -123,10 +123,10 @@ async def test_rewards_that_raise_hang_or_kill_their_worker_discard_only_their_r
     with structlog.testing.capture_logs() as logs, trio.fail_after(180):
         outcome = await launch_run(config)
     assert shipped_steps(config.batches_dir) == [1, 2, 3]
-    assert outcome.state.dispatch.rollouts["reward_failed"] > 0
-    assert (
-        outcome.sink.counters["reward_failed"] == outcome.state.dispatch.rollouts["reward_failed"]
-    )
+    # Counted when scored; discarded when the sink takes the group (groups still in flight
+    # at the end are stopped, never admitted).
+    failed = outcome.state.dispatch.rollouts["reward_failed"]
+    assert 0 < outcome.sink.counters["reward_failed"] <= failed
     failures = [entry for entry in logs if entry["event"] == "reward failed"]
     kinds = {entry["kind"] for entry in failures}
     assert kinds <= {"raised", "timeout", "worker_died", "bad_value"} and "raised" in kinds
