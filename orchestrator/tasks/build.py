@@ -60,13 +60,10 @@ class LoadedTasks:
 def user_module_path() -> None:
     """Let "module:function" paths name modules in the current directory, as `python -m`
     would (a console script's own folder is first on `sys.path`, not the directory it
-    runs in). Worker processes inherit it through `PYTHONPATH`."""
+    runs in). Reward worker processes are spawned with this process's `sys.path`."""
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if cwd not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([cwd, *paths])
 
 
 def load_tasks(config: Config) -> LoadedTasks:
