@@ -418,6 +418,15 @@ def _counts_text(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{name} {n}" for name, n in sorted(counts.items()) if n)
 
 
+def _rewards_text(scored: Mapping[str, int], mean_reward: Mapping[str, float]) -> list[str]:
+    """`mean reward arith 0.06 over 40, chat 0.16 over 12`, or nothing when none scored."""
+    parts = [
+        f"{env or '(unnamed)'} {mean_reward.get(env, 0.0):.3g} over {n}"
+        for env, n in sorted(scored.items())
+    ]
+    return [f"mean reward {', '.join(parts)}"] if parts else []
+
+
 def _report_facts(progress: Progress, now: float) -> list[tuple[str, str]]:
     """The daemon's last `progress` line: `step 3, 5 of 16 samples ready, 8 rollouts in
     flight, 12.4 rollouts/s; discards untrainable 372; no failures (over the 30 s to
@@ -433,6 +442,7 @@ def _report_facts(progress: Progress, now: float) -> list[tuple[str, str]]:
         f"{line.rollouts_per_s:g} rollouts/s",
         f"discards {_counts_text(line.discards)}" if any(line.discards.values()) else "no discards",
         f"failures {_counts_text(line.failures)}" if any(line.failures.values()) else "no failures",
+        *_rewards_text(line.scored, line.mean_reward),
     ]
     when = format_as_of(progress.last_report_at or 0.0, now)
     return [("progress line", f"{'; '.join(parts)} (over the {line.interval_s:g} s to {when})")]

@@ -207,6 +207,9 @@ class ModelConfig:
     # A local folder with the model's tokenizer files (tokenizer.json, tokenizer_config.json
     # with its chat template). Nothing is ever downloaded. Required by every [[env]].
     tokenizer: Path | None = attrs.field(default=None, converter=_optional_absolute_path)
+    # Extra variables for the chat template, as vLLM's `chat_template_kwargs` request field
+    # and `apply_chat_template(**kwargs)` take them: `{enable_thinking = false}` for Qwen3.
+    chat_template_kwargs: dict[str, Any] = attrs.field(factory=dict)
 
 
 @attrs.frozen

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -172,8 +172,7 @@ def _judge(group: GroupResult, limits: SinkLimits, bound: int) -> _Verdict:
 @attrs.define
 class EnvTally:
     """What the sink saw of one environment's groups: rollouts scored and their rewards,
-    discards by reason (units, as `TrainSink.counters`), samples shipped (a sample the
-    writer could not ship after all, `unship`, is counted shipped here)."""
+    discards by reason (units, as `TrainSink.counters`), samples shipped."""
 
     scored: int = 0
     reward_sum: float = 0.0
@@ -363,18 +362,22 @@ class TrainSink:
         for queued in samples:
             self._by_env.setdefault(queued.sample.env, EnvTally()).discards[reason.value] += 1
 
-    def unship(self, count: int) -> None:
-        """`count` samples of the last assembled batch did not ship after all: the writer
-        could not read their payload (prime-rl's hand-off reads it when it writes the
-        step). They are counted `untrainable` instead of shipped; their files stay pinned
-        for the version collector, like a shipped sample's.
+    def unship(self, samples: Sequence[TrainSample]) -> None:
+        """`samples` of the last assembled batch did not ship after all: the writer could
+        not read their payload (prime-rl's hand-off reads it when it writes the step).
+        They are counted `untrainable` instead of shipped, in their env's tally too; their
+        files stay pinned for the version collector, like a shipped sample's.
 
-        Raises ValueError for a negative count or more than were shipped.
+        Raises ValueError for more than were shipped.
         """
-        if not 0 <= count <= self._shipped:
-            raise ValueError(f"cannot unship {count} of {self._shipped} shipped samples")
-        self._shipped -= count
-        self._counters[Discard.UNTRAINABLE] += count
+        if len(samples) > self._shipped:
+            raise ValueError(f"cannot unship {len(samples)} of {self._shipped} shipped samples")
+        self._shipped -= len(samples)
+        self._counters[Discard.UNTRAINABLE] += len(samples)
+        for sample in samples:
+            tally = self._by_env.setdefault(sample.env, EnvTally())
+            tally.shipped -= 1
+            tally.discards[Discard.UNTRAINABLE.value] += 1
 
     def drop_all(self) -> list[str]:
         """Empty the queue (shutdown); return the files to delete.

@@ -59,7 +59,7 @@ class Shipper:
                 # Each sample was logged as it was dropped. The step stays next: new
                 # samples fill it again (the queue gave these up; their files stay pinned
                 # for the collector).
-                sink.unship(len(samples))
+                sink.unship(samples)
                 log.warning(
                     "batch not shipped: no sample's payload could be read",
                     step=step,
@@ -68,7 +68,7 @@ class Shipper:
                 state.notify()
                 continue
             if shipment.dropped:
-                sink.unship(len(shipment.dropped))
+                sink.unship([samples[dropped.index] for dropped in shipment.dropped])
             shipping.next_step = step + 1
             self.figures.stall.shipped(trio.current_time(), self.figures.snapshot())
             self.admission.batch_shipped()

@@ -56,7 +56,8 @@ class ProgressLine:
     `inflight_limit` the dispatcher obeys (0: not recorded). Over the
     `interval_s` seconds since the previous line (or the daemon's start):
     `rollouts_per_s` (completed rollouts), `discards` by reason and `failures` by kind
-    (the reasons and kinds that grew only, as in the stall warning).
+    (the reasons and kinds that grew only, as in the stall warning), and by environment
+    the rollouts `scored` and their `mean_reward` (the envs that scored any only).
     """
 
     step: int
@@ -68,12 +69,14 @@ class ProgressLine:
     discards: Mapping[str, int] = attrs.field(factory=dict)
     failures: Mapping[str, int] = attrs.field(factory=dict)
     inflight_limit: int = 0
+    scored: Mapping[str, int] = attrs.field(factory=dict)
+    mean_reward: Mapping[str, float] = attrs.field(factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The line's fields, as logged and as `progress.json` holds them."""
         fields = attrs.asdict(self)
-        fields["discards"] = dict(self.discards)
-        fields["failures"] = dict(self.failures)
+        for name in ("discards", "failures", "scored", "mean_reward"):
+            fields[name] = dict(getattr(self, name))
         return fields
 
     @classmethod
@@ -88,6 +91,8 @@ class ProgressLine:
             discards=_counts(raw.get("discards")),
             failures=_counts(raw.get("failures")),
             inflight_limit=int(raw.get("inflight_limit", 0)),
+            scored=_counts(raw.get("scored")),
+            mean_reward={str(k): float(v) for k, v in dict(raw.get("mean_reward") or {}).items()},
         )
 
 

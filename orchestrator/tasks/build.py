@@ -73,7 +73,11 @@ def load_tasks(config: Config) -> LoadedTasks:
     assert config.model.tokenizer is not None  # the config requires it with any [[env]]
     user_module_path()
     tokenizer = _keyed(
-        "model.tokenizer", ChatTokenizer.load, config.model.tokenizer, require_chat_template=True
+        "model.tokenizer",
+        ChatTokenizer.load,
+        config.model.tokenizer,
+        require_chat_template=True,
+        template_kwargs=config.model.chat_template_kwargs,
     )
     envs: list[LoadedEnv] = []
     try:

@@ -109,10 +109,19 @@ class ChatTokenizer:
     tokenizer: PreTrainedTokenizerBase = attrs.field(repr=False)
     #: The ids that end a generation, the tokenizer's eos id first, as vLLM stops on them.
     stop_token_ids: tuple[int, ...]
+    #: Extra variables every render of the chat template gets (`enable_thinking`, ...).
+    template_kwargs: Mapping[str, Any] = attrs.field(factory=dict)
 
     @classmethod
-    def load(cls, folder: Path, *, require_chat_template: bool = False) -> ChatTokenizer:
+    def load(
+        cls,
+        folder: Path,
+        *,
+        require_chat_template: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> ChatTokenizer:
         """Load the tokenizer in the local model `folder` (blocks on file reads).
+        `template_kwargs` go to every render of the chat template.
 
         Raises TokenizerError when the folder is missing, holds no tokenizer, its
         generation config is malformed, or (with `require_chat_template`) the tokenizer
@@ -144,7 +153,9 @@ class ChatTokenizer:
         # The daemon keeps its own budget (batch.max_seq_len): a prompt longer than the
         # folder's model_max_length is not the tokenizer's to warn about on every call.
         tokenizer.model_max_length = _NO_LENGTH_LIMIT
-        return cls(folder, tokenizer, _stop_token_ids(folder, tokenizer))
+        return cls(
+            folder, tokenizer, _stop_token_ids(folder, tokenizer), dict(template_kwargs or {})
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -177,9 +188,11 @@ class ChatTokenizer:
         generation prompt. It comes from two renders of a base conversation: P, a user
         message with the generation prompt (the shape of every prompt the model saw), and
         F, that conversation with a reply and `new_messages` added, with the generation
-        prompt. F must start with P followed by the reply (else BridgeError: the template
-        renders an earlier turn differently once messages follow it); the text after that
-        is the rest, tokenized as a whole as the full render would tokenize it. (P, not a
+        prompt. F must start with P followed by the reply, or (a generation prompt that
+        pre-fills, as `enable_thinking=false` does) with the base conversation's history
+        and then hold the reply (else BridgeError: the template renders an earlier turn
+        differently once messages follow it); the text after the reply is the rest,
+        tokenized as a whole as the full render would tokenize it. (P, not a
         render of the user message and the reply: Qwen3's template gives a final assistant
         turn an empty `<think>` block that it drops once a user message follows.)
 
@@ -203,15 +216,22 @@ class ChatTokenizer:
         return token_array(np.concatenate([prompt, completion, _ids(rest[skip:])]))
 
     def _text_after_reply(self, new_messages: Sequence[Message]) -> str:
-        seen = self._render(_BASE_PROMPT, add_generation_prompt=True) + _BASE_REPLY
         reply: Message = {"role": "assistant", "content": _BASE_REPLY}
         extended = self._render([*_BASE_PROMPT, reply, *new_messages], add_generation_prompt=True)
-        if not extended.startswith(seen):
+        seen = self._render(_BASE_PROMPT, add_generation_prompt=True) + _BASE_REPLY
+        if extended.startswith(seen):
+            return extended[len(seen) :]
+        # A generation prompt that pre-fills part of the reply (Qwen3's empty think block
+        # with enable_thinking=false) is not how the template writes the turn in the
+        # history: anchor at the history before the turn, and the reply in it.
+        history = self._render(_BASE_PROMPT, add_generation_prompt=False)
+        at = extended.find(_BASE_REPLY, len(history))
+        if not extended.startswith(history) or at < 0:
             raise BridgeError(
                 f"the chat template of {self.folder} renders an earlier assistant turn "
                 "differently once messages are added, so bridging cannot be proven"
             )
-        return extended[len(seen) :]
+        return extended[at + len(_BASE_REPLY) :]
 
     def _render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
         if not self.tokenizer.chat_template:
@@ -220,6 +240,7 @@ class ChatTokenizer:
             [dict(message) for message in messages],
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
         )
         return cast(str, text)
 

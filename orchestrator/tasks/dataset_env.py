@@ -67,6 +67,10 @@ class PromptColumns:
         return messages
 
 
+class _RowUnusable(Exception):
+    """A row that cannot be a prompt (its message says why): skipped and counted."""
+
+
 @attrs.define(eq=False)
 class DatasetEnvironment:
     """One `[[env]]` with a dataset; see the module docstring."""
@@ -87,10 +91,12 @@ class DatasetEnvironment:
 
     async def prompt(self, index: int) -> Prompt:
         epoch, row_index = self.order.row_at(index)
-        rendered = await trio.to_thread.run_sync(self._render, row_index, limiter=self.limiter)
-        if isinstance(rendered, str):
-            self._skipped(row_index, rendered)
-        row, messages, tokens = rendered
+        try:
+            row, messages, tokens = await trio.to_thread.run_sync(
+                self._render, row_index, limiter=self.limiter
+            )
+        except _RowUnusable as unusable:
+            self._skipped(row_index, str(unusable))
         self._skips_in_a_row = 0
         info = {
             "row": row,
@@ -101,17 +107,17 @@ class DatasetEnvironment:
         }
         return Prompt(f"{self.name}-e{epoch}-r{row_index}", tokens, self.name, info, self.sampling)
 
-    def _render(self, row_index: int) -> tuple[dict[str, Any], list[Message], np.ndarray] | str:
-        """The row, its prompt messages and their tokens; or why the row is skipped.
-        Blocking."""
+    def _render(self, row_index: int) -> tuple[dict[str, Any], list[Message], np.ndarray]:
+        """The row, its prompt messages and their tokens. Raises `_RowUnusable` with why
+        the row is skipped. Blocking."""
         row = self.dataset.row(row_index)
         try:
             messages = self.columns.messages_of(row)
         except ValueError as exc:
-            return f"row {row_index}: {exc}"
+            raise _RowUnusable(f"row {row_index}: {exc}") from None
         tokens = self.tokenizer.render_prompt(messages)
         if len(tokens) > self.budget:
-            return (
+            raise _RowUnusable(
                 f"row {row_index}: a prompt of {len(tokens)} tokens is over the budget of "
                 f"{self.budget} (batch.max_seq_len - max_tokens)"
             )

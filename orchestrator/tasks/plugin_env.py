@@ -14,7 +14,11 @@ object with:
   `rewards` functions score it, with `messages` the whole conversation.
 
 Its methods are plain functions, run in worker threads (never on the event loop), each
-under `[rewards] timeout_s`. A later turn's prompt is bridged onto the tokens the server
+under `[rewards] timeout_s`, at most `LIVE_CALLS` at once per env. A call past its deadline
+is abandoned (a thread cannot be killed): it gives back its place at once and runs on
+unseen; while `MAX_LATE_CALLS` of them still run, further calls fail at once (a plugin
+that hangs every call must not pile up threads without end), and the env resumes as they
+return. A later turn's prompt is bridged onto the tokens the server
 returned (`ChatTokenizer.bridge`): earlier tokens are never re-tokenized. A `step` that
 raises fails its rollout (counted `environment`); a `score` that raises, hangs or returns
 something that is not a finite number discards it as `reward_failed`.
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -38,6 +43,16 @@ from orchestrator.tasks.reward_functions import RewardSpec
 from orchestrator.tasks.reward_pool import RewardPool, score_episode
 
 Message = dict[str, Any]
+
+#: Plugin calls one env runs at once.
+LIVE_CALLS = 4
+#: Abandoned calls (past the deadline, still running) an env may have before it refuses
+#: new calls.
+MAX_LATE_CALLS = 16
+
+
+class PluginBusy(Exception):
+    """Too many of the plugin's calls still run past their deadline: the call was not made."""
 
 
 def _messages(value: object, what: str) -> list[Message]:
@@ -60,16 +75,41 @@ class PluginEnvironment:
     pool: RewardPool
     budget: int
     timeout_s: float
-    limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(4))
+    limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(LIVE_CALLS))
     _skips_in_a_row: int = 0
+    # Plugin calls whose thread still runs, the abandoned ones included (a lock: threads
+    # count themselves out).
+    _running: int = 0
+    _running_lock: threading.Lock = attrs.field(factory=threading.Lock)
+    # The threads themselves are not limited by trio: `limiter`, held by the calling task
+    # only until the deadline, is the limit.
+    _threads: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(math.inf))
 
     async def call(self, function: Callable[..., Any], *args: Any) -> Any:
         """`function(*args)` in a worker thread, under the deadline (a call past it is
-        left to finish on its own, its result unused)."""
-        with trio.fail_after(self.timeout_s):
-            return await trio.to_thread.run_sync(
-                function, *args, limiter=self.limiter, abandon_on_cancel=True
-            )
+        left to finish on its own, its result unused). Raises `trio.TooSlowError` past
+        the deadline, `PluginBusy` while too many abandoned calls still run."""
+        async with self.limiter:
+            # Counted from inside the thread, so a call cancelled before it starts is
+            # never counted; the calls holding `limiter` may not have started yet.
+            if self._running >= LIVE_CALLS + MAX_LATE_CALLS:
+                raise PluginBusy(
+                    f"{MAX_LATE_CALLS} or more calls still run past the deadline "
+                    f"([rewards] timeout_s = {self.timeout_s:g})"
+                )
+            with trio.fail_after(self.timeout_s):
+                return await trio.to_thread.run_sync(
+                    self._counted, function, *args, limiter=self._threads, abandon_on_cancel=True
+                )
+
+    def _counted(self, function: Callable[..., Any], *args: Any) -> Any:
+        with self._running_lock:
+            self._running += 1
+        try:
+            return function(*args)
+        finally:
+            with self._running_lock:
+                self._running -= 1
 
     async def prompt(self, index: int) -> Prompt:
         try:
@@ -152,6 +192,8 @@ class PluginEpisode:
             value = await self.env.call(score, list(self.messages), self.prompt.info["info"])
         except trio.TooSlowError:
             raise ScoreFailed("timeout", "score() gave no value in time") from None
+        except PluginBusy as exc:
+            raise ScoreFailed("timeout", f"score() not called: {exc}") from None
         except Exception as exc:
             raise ScoreFailed("raised", f"score() raised {exc!r:.200}") from None
         if isinstance(value, bool) or not isinstance(value, numbers.Real):

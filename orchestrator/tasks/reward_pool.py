@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import functools
 import math
+import os
 import signal
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -41,6 +42,8 @@ FailureKind = Literal["raised", "timeout", "worker_died", "bad_value"]
 _WORKER_START_DEADLINE_S = 120.0
 # How long closing the pool waits for idle workers to exit before killing them.
 _WORKER_GRACE_PERIOD_S = 10.0
+#: How much nicer than the daemon its reward workers run (see `_start_worker`).
+REWARD_WORKER_NICENESS = 5
 
 
 class RewardFailed(Exception):
@@ -193,7 +196,7 @@ async def open_reward_pool(
     async with trio_parallel.open_worker_context(
         # Idle workers are kept: starting one costs seconds.
         idle_timeout=math.inf,
-        init=functools.partial(import_reward_functions, paths),
+        init=functools.partial(_start_worker, paths),
         grace_period=_WORKER_GRACE_PERIOD_S,
     ) as context:
         pool = RewardPool(
@@ -207,6 +210,16 @@ async def open_reward_pool(
             for _ in range(workers):
                 nursery.start_soon(pool._start_first_worker)
         yield pool
+
+
+def _start_worker(paths: Sequence[str]) -> None:
+    """A worker's start-up: below the daemon in the scheduler's eyes, then the imports.
+
+    Rewards are throughput work and the event loop is the latency that keeps the servers
+    fed: where both want the same cores, the loop goes first. (Without contention a
+    niceness changes nothing.)"""
+    os.nice(REWARD_WORKER_NICENESS)
+    import_reward_functions(paths)
 
 
 async def score_episode(

@@ -70,3 +70,8 @@ def no_daemon_modules(**kwargs: Any) -> float:
     if loaded:
         raise RuntimeError(f"the worker imported {loaded}")
     return 1.0
+
+
+def niceness() -> float:
+    """The worker's own niceness."""
+    return float(os.nice(0))

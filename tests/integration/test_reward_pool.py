@@ -10,6 +10,7 @@ workers start with the parent's `sys.path`, as a user's reward folder reaches th
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 import time
@@ -21,7 +22,7 @@ import trio
 from structlog.testing import capture_logs
 
 from orchestrator.tasks.reward_functions import RewardSpec, load_reward
-from orchestrator.tasks.reward_pool import RewardFailed, open_reward_pool
+from orchestrator.tasks.reward_pool import REWARD_WORKER_NICENESS, RewardFailed, open_reward_pool
 
 FIXTURES = Path(__file__).resolve().parent
 
@@ -64,6 +65,10 @@ async def test_scores_weighted_sums_in_workers_that_import_no_daemon() -> None:
                 nursery.start_soon(pool.score, "capitals", nap, ARGUMENTS)
         assert trio.current_time() - start >= 0.6
         assert pool.failures == {}
+
+        # Workers run nicer than the daemon: where both want a core, the loop goes first.
+        own = await pool.score("capitals", [fixture("niceness")], ARGUMENTS)
+        assert own == min(19, os.nice(0) + REWARD_WORKER_NICENESS)
 
 
 @pytest.mark.slow

@@ -46,6 +46,8 @@ LINE = ProgressLine(
     rollouts_per_s=12.4,
     discards={"untrainable": 372, "stale": 2},
     failures={"malformed": 3},
+    scored={"arith": 40, "chat": 12},
+    mean_reward={"arith": 0.0625, "chat": 0.1667},
 )
 
 
@@ -122,7 +124,8 @@ def test_status_shows_the_last_progress_line(
     line = shown["progress line"]
     assert line.startswith(
         "step 4, 5 of 16 samples ready, 64 rollouts in flight, 12.4 rollouts/s; "
-        "discards stale 2, untrainable 372; failures malformed 3 (over the 30 s to "
+        "discards stale 2, untrainable 372; failures malformed 3; "
+        "mean reward arith 0.0625 over 40, chat 0.167 over 12 (over the 30 s to "
     )
     assert line.endswith(" s ago)")
     # The same figures as the log line, under the same names.

@@ -412,9 +412,11 @@ def test_unshipped_samples_count_as_untrainable_in_the_sink() -> None:
     sink.admit(GroupResult("g", 0, members), 1)
     samples, _ = sink.assemble(1)
     assert (len(samples), sink.shipped) == (2, 2)
-    sink.unship(1)
+    sink.unship(samples[:1])
     assert (sink.shipped, sink.counters["untrainable"]) == (1, 1)
+    tally = sink.by_env[samples[0].env]
+    assert (tally.shipped, tally.discards["untrainable"]) == (1, 1)
     # Every admitted unit is still accounted for exactly once.
     assert sink.admitted == sink.shipped + sink.queued_samples + sum(sink.counters.values())
     with pytest.raises(ValueError):
-        sink.unship(2)
+        sink.unship(samples + samples)

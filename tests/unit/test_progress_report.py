@@ -33,6 +33,8 @@ def tally(
     failures: dict[str, int] | None = None,
     idle: bool = False,
     limit: int = 96,
+    scored: dict[str, int] | None = None,
+    reward_sums: dict[str, float] | None = None,
 ) -> RunSnapshot:
     return RunSnapshot(
         step=3,
@@ -46,6 +48,8 @@ def tally(
         inflight=inflight,
         completed=completed,
         inflight_limit=limit,
+        scored=scored or {},
+        reward_sums=reward_sums or {},
     )
 
 
@@ -91,7 +95,24 @@ def test_the_log_fields_are_the_json_fields() -> None:
         "discards": {"pruned": 2},
         "failures": {},
         "inflight_limit": 96,
+        "scored": {},
+        "mean_reward": {},
     }
+
+
+def test_rewards_by_env_are_the_means_of_the_rollouts_scored_in_the_interval() -> None:
+    before = tally(scored={"arith": 10, "chat": 4}, reward_sums={"arith": 9.0, "chat": 1.0})
+    now = tally(
+        scored={"arith": 30, "chat": 4, "code": 2},
+        reward_sums={"arith": 14.0, "chat": 1.0, "code": 0.5},
+    )
+    line = progress_line(before, now, 30.0)
+    # 20 arith rollouts scored 5.0 between the two: 0.25, not the run's 14/30; chat scored
+    # nothing in the interval and is left out; code is new.
+    assert line.scored == {"arith": 20, "code": 2}
+    assert line.mean_reward == {"arith": 0.25, "code": 0.25}
+    again = type(line).from_json(line.to_json())
+    assert (again.scored, again.mean_reward) == (line.scored, line.mean_reward)
 
 
 # -- when a line is due --------------------------------------------------------------------

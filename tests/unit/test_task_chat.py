@@ -438,3 +438,23 @@ def test_bridge_takes_lists_and_an_empty_completion(chat: ChatTokenizer) -> None
     assert bridged[len(prompt)] == _token_id(chat, IM_END)
     with pytest.raises(ValueError, match="one-dimensional"):
         chat.bridge([prompt], [], [new_user])
+
+
+def test_template_kwargs_reach_every_render_and_the_bridge_keeps_the_prefill() -> None:
+    # Qwen3's enable_thinking=false: the generation prompt pre-fills an empty think block
+    # that the history does not write; the bridge keeps it, as the model saw it.
+    quiet = ChatTokenizer.load(MODEL, template_kwargs={"enable_thinking": False})
+    user = [{"role": "user", "content": USERS[0]}]
+    prompt = quiet.render_prompt(user)
+    assert quiet.tokenizer.decode(prompt.tolist()).endswith(
+        f"{IM_START}assistant\n<think>\n\n</think>\n\n"
+    )
+    completion = _ids(quiet, f"42{IM_END}")
+    bridged = quiet.bridge(prompt, completion, [{"role": "user", "content": USERS[1]}])
+    sampled = len(prompt) + len(completion)
+    assert bridged[:sampled].tolist() == prompt.tolist() + completion
+    text = quiet.tokenizer.decode(bridged[sampled:].tolist())
+    assert (
+        text
+        == f"\n{IM_START}user\n{USERS[1]}{IM_END}\n{IM_START}assistant\n<think>\n\n</think>\n\n"
+    )

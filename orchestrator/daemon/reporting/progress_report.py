@@ -8,7 +8,8 @@ that fills slowly until the stall warning (orchestrator/daemon/reporting/stall.p
   a batch takes; `inflight_rollouts` running;
 - over the `interval_s` seconds since the previous line (or since the daemon started):
   `rollouts_per_s` (rollouts completed, `Dispatch.rollouts["completed"]`), `discards` by
-  reason and `failures` by kind, the reasons and kinds that grew only.
+  reason and `failures` by kind, the reasons and kinds that grew only; by environment,
+  the rollouts `scored` and their `mean_reward`, the envs that scored any only.
 
 It reads the same `RunSnapshot` as the stall warning, so both name the same step,
 samples, discard reasons and failure kinds under the same keys; only their windows
@@ -40,6 +41,11 @@ def progress_line(before: RunSnapshot, now: RunSnapshot, elapsed_s: float) -> Pr
     time (`elapsed_s <= 0`) is 0."""
     completed = max(0, now.completed - before.completed)
     rate = completed / elapsed_s if elapsed_s > 0 else 0.0
+    scored = grown(now.scored, before.scored)
+    mean_reward = {
+        env: round((now.reward_sums[env] - before.reward_sums.get(env, 0.0)) / n, 4)
+        for env, n in scored.items()
+    }
     return ProgressLine(
         step=now.step,
         queued_samples=now.queued,
@@ -50,6 +56,8 @@ def progress_line(before: RunSnapshot, now: RunSnapshot, elapsed_s: float) -> Pr
         rollouts_per_s=round(rate, 2),
         discards=grown(now.discards, before.discards),
         failures=grown(now.failures, before.failures),
+        scored=scored,
+        mean_reward=mean_reward,
     )
 
 

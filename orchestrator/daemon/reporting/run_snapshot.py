@@ -30,6 +30,9 @@ class RunSnapshot:
     inflight: int = 0  # rollouts in flight
     completed: int = 0  # rollouts completed
     inflight_limit: int = 0  # the limit the dispatcher obeys (0: not known)
+    # By environment: rollouts scored and the sum of their rewards.
+    scored: Mapping[str, int] = attrs.field(factory=dict)
+    reward_sums: Mapping[str, float] = attrs.field(factory=dict)
 
 
 def snapshot(state: RunState, sink: TrainSink, *, needed: int, inflight_limit: int) -> RunSnapshot:
@@ -49,6 +52,8 @@ def snapshot(state: RunState, sink: TrainSink, *, needed: int, inflight_limit: i
         inflight=dispatch.inflight_rollouts,
         completed=dispatch.rollouts["completed"],
         inflight_limit=inflight_limit,
+        scored={env: tally.scored for env, tally in sink.by_env.items()},
+        reward_sums={env: tally.reward_sum for env, tally in sink.by_env.items()},
     )
 
 
