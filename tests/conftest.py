@@ -8,6 +8,10 @@ over loopback, mounted once for the session by `tests/netmount/mount.sh` (with s
 caches, or without) and taken down by `umount.sh` at the end. Where it cannot be mounted
 (not root, no /dev/fuse, no package), those tests are skipped with the script's reason.
 `make test-netmount` runs both modes.
+
+**The real-vLLM stage.** `tests/vllm` runs only with `ORCH_VLLM_PYTHON` set (`make
+test-vllm`, which installs the stage's venv): without it those tests are not collected, so
+the rest of the suite never starts a vLLM server nor reports them as skipped.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ NETMOUNT_SCRIPTS = Path(__file__).resolve().parent / "netmount"
 NETMOUNT_SUITES = ("integration", "fault", "netmount")
 # Installing sshfs and openssh-server on a fresh machine takes a while.
 _MOUNT_DEADLINE_S = 600
+
+
+collect_ignore = [] if os.environ.get("ORCH_VLLM_PYTHON") else ["vllm"]
 
 
 def netmount_mode() -> str | None:

@@ -46,6 +46,7 @@ from orchestrator.handoff import (
 )
 from orchestrator.payload import RoutingShape
 from orchestrator.reply_form_names import DEFAULT_REPLY_FORM, REPLY_FORM_NAMES, ReplyFormName
+from orchestrator.wire import WEIGHT_UPDATES, WeightUpdate
 
 PayloadMode = Literal["auto", "by_handle", "inline"]
 PayloadField = Literal["routed_experts", "sampling_mask"]
@@ -154,6 +155,11 @@ class InferenceConfig:
     # "adaptive": dispatch only what can finish fresh, learned from group turnaround and
     # step time (orchestrator/core/inflight.py); "fixed": always max_inflight.
     inflight_limit: InflightMode = attrs.field(default="adaptive", validator=one_of(INFLIGHT_MODES))
+    # How a server is told to load a new policy version (orchestrator/wire/weight_updates.py):
+    # "prime-rl" (its /update_weights), "vllm" (upstream vLLM's dev-mode endpoints: pause,
+    # reload_weights from the version's checkpoint, resume; VLLM_SERVER_DEV_MODE=1), or
+    # "none" (the trainer pushes weights itself; the daemon only follows the versions).
+    weight_update: WeightUpdate = attrs.field(default="prime-rl", validator=one_of(WEIGHT_UPDATES))
     request_timeout_s: float = attrs.field(default=600.0, validator=greater_than(0))
     retries: int = attrs.field(default=3, validator=at_least(0))
     retry_backoff_s: float = attrs.field(default=0.5, validator=at_least(0))
@@ -323,6 +329,10 @@ class SimConfig:
     # Run the local trainer in-process (false when a trainer runs elsewhere).
     trainer: bool = False
     train_time_s: float = attrs.field(default=0.5, validator=at_least(0))
+    # A model folder: the local trainer then writes each version as a full checkpoint of
+    # it, its weights perturbed by the version, for servers that load weights from disk
+    # ([inference] weight_update = "vllm"). Unset: a small marker file per version.
+    trainer_checkpoint: Path | None = attrs.field(default=None, converter=_optional_absolute_path)
     layers: int = attrs.field(default=48, validator=at_least(1))
     top_k: int = attrs.field(default=8, validator=at_least(1))
     num_experts: int = attrs.field(default=128, validator=at_least(1))

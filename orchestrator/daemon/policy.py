@@ -25,12 +25,12 @@ from payload_gc import PayloadGCError, collect_below, parse_version
 
 from orchestrator.config import Config
 from orchestrator.daemon.heap import trim_heap
-from orchestrator.daemon.inference.client import post_update_weights
+from orchestrator.daemon.inference.client import load_weights
 from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.metrics import CollectionTimes
 from orchestrator.daemon.run_state import RunState
 from orchestrator.handoff import newest_published_version, weights_step_dir
-from orchestrator.wire import InferenceFailure
+from orchestrator.wire import InferenceFailure, weight_update_plan
 
 log = structlog.get_logger(__name__)
 
@@ -45,7 +45,8 @@ _WATCHER_WAKE_MS = 500
 async def broadcast_update_weights(
     client: httpx.AsyncClient, config: Config, pool: ServerPool, version: int
 ) -> None:
-    """Tell every healthy server to load `version`, concurrently, with retries.
+    """Tell every healthy server to load `version` by `[inference] weight_update`'s
+    protocol, concurrently, with retries (nothing with "none").
 
     A server that still fails after `retries` attempts is marked down: it gets the
     version from the health prober when it comes back, and no group is pinned to it
@@ -53,16 +54,25 @@ async def broadcast_update_weights(
     having no server at all is fatal).
     """
     weight_dir = weights_step_dir(config.weights_dir, version, layout=config.trainer.weights_layout)
+    plan = weight_update_plan(config.inference.weight_update, weight_dir, version)
+    if not plan.calls:
+        return
 
     async def update(url: str) -> None:
         for attempt in range(config.inference.retries + 1):
             try:
                 with trio.fail_after(config.inference.request_timeout_s):
-                    await post_update_weights(client, url, weight_dir)
+                    await load_weights(client, url, plan, config.inference.weight_update)
                 return
             except (InferenceFailure, trio.TooSlowError) as exc:
                 error = str(exc) or "no answer in time"
-                log.warning("update_weights failed", url=url, version=version, error=error)
+                log.warning(
+                    "weight update failed",
+                    url=url,
+                    version=version,
+                    protocol=config.inference.weight_update,
+                    error=error,
+                )
             await trio.sleep(min(config.inference.retry_backoff_s * 2**attempt, 10.0))
         pool.mark_down(url, f"did not load v{version}")
 

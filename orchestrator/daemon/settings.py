@@ -35,4 +35,6 @@ def probe_settings(config: Config) -> ProbeSettings:
         interval_s=min(1.0, config.inference.unavailable_deadline_s / 3),
         request_timeout_s=min(5.0, config.inference.request_timeout_s),
         unavailable_deadline_s=config.inference.unavailable_deadline_s,
+        weight_update=config.inference.weight_update,
+        load_timeout_s=config.inference.request_timeout_s,
     )

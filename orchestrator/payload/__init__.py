@@ -14,7 +14,9 @@ from ._errors import PayloadMissing as PayloadMissing
 from ._json import check_json_types as check_json_types
 from ._json import is_json_int as is_json_int
 from ._json import segment_object as segment_object
+from ._model_shape import CHECKED_ROUTING_ROWS as CHECKED_ROUTING_ROWS
 from ._model_shape import RoutingShape as RoutingShape
+from ._model_shape import repeated_ids_problem as repeated_ids_problem
 from ._overlap import overlap_problem as overlap_problem
 from ._overlap import overlap_rows as overlap_rows
 from ._overlap import read_rows as read_rows
@@ -45,6 +47,7 @@ from ._writer import write_payload as write_payload
 from ._writer import write_payload_file as write_payload_file
 
 __all__ = [
+    "CHECKED_ROUTING_ROWS",
     "FIELDS",
     "FIELD_NDIM",
     "SENTINEL",
@@ -73,6 +76,7 @@ __all__ = [
     "read_sample_payload",
     "read_segment",
     "regular_file_size",
+    "repeated_ids_problem",
     "segment_object",
     "sentinel_dtype",
     "stitch_inline_masks",

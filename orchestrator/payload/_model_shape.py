@@ -44,3 +44,40 @@ class RoutingShape:
         if self.num_experts is not None and ids.size and int(ids.max()) >= self.num_experts:
             return f"routed expert id {int(ids.max())} >= the model's {self.num_experts} experts"
         return None
+
+
+#: Rows `repeated_ids_problem` looks at: evenly spread over the turn, so a fault of the
+#: server (the same for every row) is seen at once, at a cost that stays small on the loop.
+CHECKED_ROUTING_ROWS = 64
+
+
+def repeated_ids_problem(ids: np.ndarray, first_position: int) -> str | None:
+    """Why routing rows ``[positions, layers, top_k]`` (the first at `first_position`)
+    cannot be a router's choice, or `None`: the top-k experts of one token in one layer are
+    distinct by definition, so a row that names an expert twice was not computed by a
+    router. Up to `CHECKED_ROUTING_ROWS` positions are checked. The reason names the likely
+    cause: all-zero rows are what vLLM's CPU build returns when compiled (it needs
+    `--enforce-eager`) and what a capture hook that was never attached leaves behind."""
+    if ids.ndim != 3 or ids.shape[2] < 2 or not ids.shape[0]:
+        return None
+    count = ids.shape[0]
+    picked = np.unique(np.linspace(0, count - 1, min(count, CHECKED_ROUTING_ROWS)).astype(np.int64))
+    rows = np.sort(ids[picked], axis=-1)
+    repeats = (rows[..., 1:] == rows[..., :-1]).any(axis=-1)  # [picked, layers]
+    if not repeats.any():
+        return None
+    index, layer = (int(v) for v in np.argwhere(repeats)[0])
+    position = first_position + int(picked[index])
+    row = ids[picked[index], layer].tolist()
+    if not ids[picked].any():
+        cause = (
+            "all-zero routing: a vLLM CPU server compiled, not run with --enforce-eager, "
+            "or a capture hook not attached"
+        )
+    else:
+        cause = "routing no router chose: a broken capture (kernel or hook)"
+    # The cause first: rejection texts are counted by their first 100 characters.
+    return (
+        f"{cause}; an expert repeats within a row ({int(repeats.sum())} of "
+        f"{repeats.size} rows checked; position {position}, layer {layer}: {row})"
+    )

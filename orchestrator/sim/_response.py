@@ -8,6 +8,7 @@ reply form's (`orchestrator.sim.reply_forms`).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,18 +62,28 @@ def render_response(
     prompt_len: int,
     *,
     kv_transfer_params: dict[str, Any] | None = None,
+    model: str = "",
 ) -> dict[str, Any]:
-    """The whole response body (vLLM's `GenerateResponse`), with token usage;
-    `kv_transfer_params` is a P/D prefill server's announcement of its KV blocks."""
+    """The whole response body (vLLM's `GenerateResponse`, key for key as vLLM 0.30.0
+    answers: tests/conformance/golden/vllm_0_30_0_generate.json), with token usage; the
+    request id prefixed as vLLM prefixes it; `kv_transfer_params` is a P/D prefill server's
+    announcement of its KV blocks; `model` the served model name."""
     completion_tokens = sum(len(choice["token_ids"]) for choice in choices)
     return {
-        "request_id": request_id,
+        "request_id": f"generate-tokens-{request_id}",
+        "model": model,
+        "created": int(time.time()),
         "choices": choices,
-        "prompt_logprobs": None,
-        "kv_transfer_params": kv_transfer_params,
         "usage": {
             "prompt_tokens": prompt_len,
-            "completion_tokens": completion_tokens,
             "total_tokens": prompt_len + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_tokens_details": None,
+            "completion_tokens_details": None,
         },
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "mm_placeholders": None,
+        "kv_transfer_params": kv_transfer_params,
+        "ec_transfer_params": None,
     }

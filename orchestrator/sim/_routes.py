@@ -5,7 +5,7 @@ errors (vLLM's error body)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH
 
@@ -51,23 +51,28 @@ async def route_request(
     generate: Handler,
     update_weights: Handler,
     health: Callable[[Send], Awaitable[None]],
+    control: Mapping[str, Handler] | None = None,
 ) -> None:
     """Serve one ASGI call: the lifespan protocol, and for an HTTP request the handler of
-    its path and method; 405 for a known path with another method, 404 for any other
-    path. Other scope types (websockets) are ignored."""
+    its path and method (`control`: more `POST` paths, vLLM's dev-mode endpoints); 405
+    for a known path with another method, 404 for any other path. Other scope types
+    (websockets) are ignored."""
     if scope["type"] == "lifespan":
         await serve_lifespan(receive, send)
         return
     if scope["type"] != "http":
         return
     route = (scope["method"], scope["path"])
-    if route == ("POST", GENERATE_PATH):
+    extra = control or {}
+    if scope["method"] == "POST" and scope["path"] in extra:
+        await extra[scope["path"]](receive, send)
+    elif route == ("POST", GENERATE_PATH):
         await generate(receive, send)
     elif route == ("POST", UPDATE_WEIGHTS_PATH):
         await update_weights(receive, send)
     elif route == ("GET", HEALTH_PATH):
         await health(send)
-    elif scope["path"] in (GENERATE_PATH, UPDATE_WEIGHTS_PATH, HEALTH_PATH):
+    elif scope["path"] in (GENERATE_PATH, UPDATE_WEIGHTS_PATH, HEALTH_PATH, *extra):
         await send_error(send, 405, f"Method {scope['method']} not allowed")
     else:
         await send_error(send, 404, f"No route {scope['path']}")

@@ -311,3 +311,24 @@ def parse_weight_update(body: bytes) -> WeightUpdate:
         raise BadRequest("weight_dir must be a non-empty string")
     match = _STEP_SUFFIX.fullmatch(PurePosixPath(weight_dir).name)
     return WeightUpdate(weight_dir=weight_dir, version=int(match.group(1)) if match else None)
+
+
+def parse_collective_rpc(body: bytes) -> tuple[str, dict[str, Any]]:
+    """vLLM's `/collective_rpc` body: `{"method", "args"?, "kwargs"?}`, its method and
+    kwargs. Raises `BadRequest` as vLLM does for a body without a method."""
+    obj = _load_object(body)
+    method = obj.get("method")
+    if not isinstance(method, str) or not method:
+        raise BadRequest("Missing 'method' in request body")
+    kwargs = obj.get("kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise BadRequest("kwargs must be an object")
+    return method, kwargs
+
+
+def parse_new_version(body: bytes) -> str:
+    """vLLM's `/update_weight_version` body: `{"new_version": "<text>"}`."""
+    new_version = _load_object(body).get("new_version")
+    if not isinstance(new_version, str):
+        raise BadRequest("new_version must be a string")
+    return new_version

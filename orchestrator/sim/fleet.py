@@ -88,4 +88,5 @@ def sim_trainer_config(config: Config) -> SimTrainerConfig:
         data_world_size=config.trainer.data_world_size,
         verify=True,
         report_path=config.run_dir / "trainer" / "report.json",
+        checkpoint_base=config.sim.trainer_checkpoint,
     )

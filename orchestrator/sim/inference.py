@@ -43,6 +43,7 @@ import trio
 
 from orchestrator.asgi_server import serve_asgi
 from orchestrator.payload import write_payload
+from orchestrator.wire import VLLM_DEV_PATHS
 from orchestrator.wire.segments import segment_to_wire
 
 from ._asgi import (
@@ -64,9 +65,17 @@ from ._pd import (
     prefill_kv_transfer_params,
 )
 from ._response import corrupt_segment, error_body, render_response
-from ._routes import request_body, route_request, send_error
+from ._routes import Handler, request_body, route_request, send_error
 from ._server_config import DEFAULT_SERVED_MODEL_NAME, SimInferenceConfig
-from ._wire import GenerateRequest, RequestRefused, parse_generate_request, parse_weight_update
+from ._wire import (
+    BadRequest,
+    GenerateRequest,
+    RequestRefused,
+    parse_collective_rpc,
+    parse_generate_request,
+    parse_new_version,
+    parse_weight_update,
+)
 from .pd_router import PDRouterConfig, serve_pd_router
 from .reply_forms import REPLY_FORMS, ByHandleForm, ReplyForm, RoutingIds
 
@@ -101,6 +110,9 @@ class _ServerState:
     # Where the server listens (known once bound) and the engine id a prefill announces.
     url: str = ""
     engine_id: str = attrs.Factory(lambda: uuid.uuid4().hex)
+    # Upstream vLLM's /pause (mode "keep"): generate requests wait until /resume.
+    paused: bool = False
+    resumed: trio.Event = attrs.Factory(trio.Event)
 
     @classmethod
     def fresh(cls, config: SimInferenceConfig) -> _ServerState:
@@ -188,7 +200,78 @@ class _InferenceApp:
             generate=self._generate,
             update_weights=self._update_weights,
             health=self._health,
+            control=self._vllm_dev_endpoints()
+            if self.state.config.reply_form == "upstream"
+            else None,
         )
+
+    def _vllm_dev_endpoints(self) -> dict[str, Handler]:
+        """Upstream vLLM's weight-update endpoints of its dev mode, as 0.30.0 answers
+        them (orchestrator/wire/weight_updates.py sends them)."""
+        handlers = (
+            self._pause,
+            self._collective_rpc,
+            self._reset_prefix_cache,
+            self._update_weight_version,
+            self._resume,
+        )
+        return dict(zip(VLLM_DEV_PATHS, handlers, strict=True))
+
+    async def _pause(self, receive: Receive, send: Send) -> None:
+        if await request_body(receive, send) is None:
+            return
+        state = self.state
+        if not state.paused:
+            state.paused, state.resumed = True, trio.Event()
+        await send_json(send, 200, {"status": "paused"})
+
+    async def _resume(self, receive: Receive, send: Send) -> None:
+        if await request_body(receive, send) is None:
+            return
+        self.state.paused = False
+        self.state.resumed.set()
+        await send_json(send, 200, {"status": "resumed"})
+
+    async def _reset_prefix_cache(self, receive: Receive, send: Send) -> None:
+        if await request_body(receive, send) is None:
+            return
+        await send_bytes(send, 200, b"")
+
+    async def _collective_rpc(self, receive: Receive, send: Send) -> None:
+        body = await request_body(receive, send)
+        if body is None:
+            return
+        try:
+            method, kwargs = parse_collective_rpc(body)
+            if method != "reload_weights":
+                raise BadRequest(f"no worker method {method!r} in this simulator")
+            update = parse_weight_update(
+                json.dumps({"weight_dir": kwargs.get("weights_path")}).encode()
+            )
+        except RequestRefused as exc:
+            await send_error(send, exc.status, str(exc))
+            return
+        await trio.sleep(self.state.config.weight_update_s)
+        self._loaded(update.weight_dir, update.version)
+        await send_json(send, 200, {"results": [None]})
+
+    async def _update_weight_version(self, receive: Receive, send: Send) -> None:
+        body = await request_body(receive, send)
+        if body is None:
+            return
+        try:
+            new_version = parse_new_version(body)
+        except RequestRefused as exc:
+            await send_error(send, exc.status, str(exc))
+            return
+        await send_json(send, 200, {"success": True, "new_version": new_version})
+
+    def _loaded(self, weight_dir: str, version: int | None) -> None:
+        state = self.state
+        state.weight_dir = weight_dir
+        if version is not None:
+            state.version = version
+        log.info("weights updated", weight_dir=weight_dir, version=version)
 
     async def _health(self, send: Send) -> None:
         await send_json(send, 200, self.state.health())
@@ -197,17 +280,17 @@ class _InferenceApp:
         body = await request_body(receive, send)
         if body is None:
             return
+        if self.state.config.reply_form == "upstream":
+            # vLLM's own /update_weights takes a weight-transfer engine's update_info.
+            await send_error(send, 400, "Missing 'update_info' in request body")
+            return
         try:
             update = parse_weight_update(body)
         except RequestRefused as exc:
             await send_error(send, exc.status, str(exc))
             return
         await trio.sleep(self.state.config.weight_update_s)
-        state = self.state
-        state.weight_dir = update.weight_dir
-        if update.version is not None:
-            state.version = update.version
-        log.info("weights updated", weight_dir=update.weight_dir, version=update.version)
+        self._loaded(update.weight_dir, update.version)
         await send_json(send, 200, {"weight_dir": update.weight_dir, "version": update.version})
 
     async def _generate(self, receive: Receive, send: Send) -> None:
@@ -250,6 +333,8 @@ class _InferenceApp:
             await wait_for_disconnect(receive)
             return None, b""
 
+        while state.paused:
+            await state.resumed.wait()
         async with state.seq_limiter:
             state.running += 1
             try:
@@ -286,7 +371,11 @@ class _InferenceApp:
             ]
         prompt_len = len(request.token_ids)
         response = render_response(
-            request.request_id, choices, prompt_len, kv_transfer_params=kv_transfer_params
+            request.request_id,
+            choices,
+            prompt_len,
+            kv_transfer_params=kv_transfer_params,
+            model=config.served_model_name,
         )
         encoded = await trio.to_thread.run_sync(_encode, response, limiter=state.compute_limiter)
         if draw.fault is Fault.MALFORMED:

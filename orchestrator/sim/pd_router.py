@@ -32,7 +32,7 @@ import trio
 
 from orchestrator.asgi_server import serve_asgi
 from orchestrator.httpx_body import request_bytes
-from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH
+from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH, VLLM_DEV_PATHS
 
 from ._asgi import (
     Receive,
@@ -109,6 +109,8 @@ class _RouterApp:
             generate=self._generate,
             update_weights=self._update_weights,
             health=self._health,
+            # vLLM's dev-mode weight update goes to both sides as prime-rl's does.
+            control={path: functools.partial(self._to_both, path) for path in VLLM_DEV_PATHS},
         )
 
     async def _generate(self, receive: Receive, send: Send) -> None:
@@ -190,10 +192,14 @@ class _RouterApp:
         return answers
 
     async def _update_weights(self, receive: Receive, send: Send) -> None:
+        await self._to_both(UPDATE_WEIGHTS_PATH, receive, send)
+
+    async def _to_both(self, path: str, receive: Receive, send: Send) -> None:
+        """`POST path` to both sides with the same body; 200 only when both answer 200."""
         body = await request_body(receive, send)
         if body is None:
             return
-        answers = await self._both("POST", UPDATE_WEIGHTS_PATH, body)
+        answers = await self._both("POST", path, body)
         for answer in answers:
             if isinstance(answer, str):
                 await send_json(send, 503, error_body(503, f"a side is unreachable: {answer}"))

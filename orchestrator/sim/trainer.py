@@ -54,7 +54,9 @@ from orchestrator.handoff import (
     publish_weights,
     replace_file_atomically,
     wait_for_step_dir,
+    weights_step_dir,
 )
+from orchestrator.sim.checkpoints import write_checkpoint
 
 log = structlog.get_logger(__name__)
 
@@ -99,6 +101,10 @@ class SimTrainerConfig:
     weights_layout: StepLayout = "native"
     format: BatchFormat = "native"
     data_world_size: int = attrs.field(default=1, validator=_positive)
+    # A model folder: each version's directory then holds a full checkpoint of it,
+    # perturbed by the version (orchestrator/sim/checkpoints.py), for servers that load
+    # weights from disk.
+    checkpoint_base: Path | None = None
 
     def __attrs_post_init__(self) -> None:
         problem = handoff_format(self.format).check(self.handoff_settings)
@@ -234,10 +240,7 @@ async def serve_trainer(
     while config.max_steps == 0 or step <= config.max_steps:
         read = await _wait_and_read(config, step, limiter)
         await trio.sleep(config.train_time_s)
-        publish = functools.partial(
-            publish_weights, config.weights_dir, step, layout=config.weights_layout
-        )
-        await _in_thread(publish, limiter)
+        await _in_thread(functools.partial(_publish, config, step), limiter)
         stats.last_step = step
         stats.steps += 1
         stats.samples += read.samples
@@ -277,6 +280,14 @@ async def _wait_and_read(
 
 async def _in_thread(fn: Callable[[], _T], limiter: trio.CapacityLimiter) -> _T:
     return await trio.to_thread.run_sync(fn, limiter=limiter)
+
+
+def _publish(config: SimTrainerConfig, step: int) -> None:
+    """Publish `v{step}`: its checkpoint first (if any), the `STABLE` marker last."""
+    if config.checkpoint_base is not None:
+        out = weights_step_dir(config.weights_dir, step, layout=config.weights_layout)
+        write_checkpoint(config.checkpoint_base, step, out)
+    publish_weights(config.weights_dir, step, layout=config.weights_layout)
 
 
 def _prepare_dirs(config: SimTrainerConfig) -> int:

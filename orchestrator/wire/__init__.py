@@ -9,11 +9,19 @@ from orchestrator.wire.generate import (
     build_generate_request,
     parse_generate_response,
 )
+from orchestrator.wire.weight_updates import (
+    UPDATE_WEIGHTS_PATH,
+    VLLM_DEV_PATHS,
+    WEIGHT_UPDATES,
+    ControlCall,
+    WeightUpdate,
+    WeightUpdatePlan,
+    refusal_hint,
+    weight_update_plan,
+)
 
 #: Generate tokens for one turn (vLLM's tokens-in/tokens-out endpoint).
 GENERATE_PATH = "/inference/v1/generate"
-#: Load a published policy: `{"weight_dir": ...}`.
-UPDATE_WEIGHTS_PATH = "/update_weights"
 #: Liveness, and which policy the server holds.
 HEALTH_PATH = "/health"
 
@@ -23,7 +31,14 @@ __all__ = [
     "REQUEST_KEYS",
     "SAMPLING_KEYS",
     "UPDATE_WEIGHTS_PATH",
+    "VLLM_DEV_PATHS",
+    "WEIGHT_UPDATES",
+    "ControlCall",
     "InferenceFailure",
+    "WeightUpdate",
+    "WeightUpdatePlan",
     "build_generate_request",
     "parse_generate_response",
+    "refusal_hint",
+    "weight_update_plan",
 ]

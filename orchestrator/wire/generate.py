@@ -20,7 +20,7 @@ import numpy as np
 from orchestrator.core.arrays import TOKEN_DTYPE
 from orchestrator.core.environments import Sampling
 from orchestrator.core.turns import TurnOutput
-from orchestrator.payload import BadSegment, PayloadSegment, RoutingShape
+from orchestrator.payload import BadSegment, PayloadSegment, RoutingShape, repeated_ids_problem
 from orchestrator.wire.arrays import (
     ROUTING_DTYPES,
     WireFormatError,
@@ -340,7 +340,11 @@ def _inline_turn(
             if not _given(choice.routed_experts):
                 return _poisoned(turn, _NO_ROUTING)
             ids, pos = _inline_routing(choice.routed_experts, rows)
-            wrong = rows.routing_problem(pos, len(ids)) or _ids_problem(ids, routing_shape)
+            wrong = (
+                rows.routing_problem(pos, len(ids))
+                or _ids_problem(ids, routing_shape)
+                or repeated_ids_problem(ids, pos)
+            )
             if wrong is not None:
                 return _poisoned(turn, wrong)
             arrays["routed_experts"] = (ids, pos)

@@ -534,3 +534,57 @@ def test_two_turns_uint8_then_uint16_stitch_to_the_wider_dtype(
     assert sample.loss_mask.tolist() == [False] * 8 + [True] * 3 + [False] * 2 + [True] * 3
     assert sample.logprobs[8:11].tolist() == np.float32([-0.25, -0.5, -0.75]).tolist()
     assert sample.logprobs[13:].tolist() == np.float32([-1.0, -1.5, -2.0]).tolist()
+
+
+# -- captured from a real vLLM 0.30.0 (tests/vllm/capture_goldens.py) ---------------------
+
+VLLM_0_30 = "vllm_0_30_0_generate.json"
+
+
+def test_a_real_vllm_reply_parses_to_its_tokens_and_routing() -> None:
+    doc = golden(VLLM_0_30)
+    assert doc["server"]["vllm"] == "0.30.0"
+    assert "--enforce-eager" in doc["server"]["flags"]
+    prompt = doc["request"]["token_ids"]
+    reply = doc["reply"]
+    assert reply["request_id"] == "generate-tokens-" + doc["request"]["request_id"]
+    turn = parse_generate_response(
+        json.dumps(reply).encode(),
+        prompt_len=len(prompt),
+        routing_start=0,
+        payload_dir=None,
+        fields=("routed_experts",),
+    )
+    assert turn.poisoned is None
+    assert turn.completion_ids.tolist() == reply["choices"][0]["token_ids"]
+    ids, start = turn.inline["routed_experts"]
+    # From position 0 to the last token run forward, 2 layers, top-2 of 8, in uint8.
+    assert (start, ids.shape, ids.dtype) == (
+        0,
+        (len(prompt) + len(turn.completion_ids) - 1, 2, 2),
+        np.uint8,
+    )
+    assert int(ids.max()) < 8 and (ids[..., 0] != ids[..., 1]).all()
+    content = reply["choices"][0]["logprobs"]["content"]
+    assert turn.logprobs.tolist() == pytest.approx([entry["logprob"] for entry in content])
+
+
+def test_the_fleets_upstream_form_answers_in_the_captured_keys() -> None:
+    from orchestrator.sim._model import SamplingParams, SimModel, sample_completion
+    from orchestrator.sim._response import render_response
+    from orchestrator.sim.reply_forms import REPLY_FORMS
+
+    captured = golden(VLLM_0_30)["reply"]
+    model = SimModel(layers=2, top_k=2, num_experts=8, vocab_size=1024)
+    completion = sample_completion(model, 7, SamplingParams(max_tokens=4, seed=1), 0)
+    rows = np.array([[[0, 1], [2, 3]]] * 20, dtype=np.uint8)
+    choice = REPLY_FORMS["upstream"].inline_choice(
+        0, completion, logprobs=True, routing=rows, routing_start=0, mask=None
+    )
+    reply = render_response("r", [choice], 17)
+    assert list(reply) == list(captured)
+    assert set(choice) == set(captured["choices"][0])
+    entry, real = choice["logprobs"]["content"][0], captured["choices"][0]["logprobs"]["content"][0]
+    assert entry.keys() == real.keys()
+    assert entry["top_logprobs"][0].keys() == real["top_logprobs"][0].keys()
+    assert choice["routed_experts"][:8] == captured["choices"][0]["routed_experts"][:8]

@@ -35,6 +35,8 @@ STEPS = 3
 
 
 def form_config(run_dir: Path, form: str, mode: str, *overrides: str) -> Config:
+    # Each form with its own weight update: prime-rl's extension, or vLLM's dev endpoints.
+    weight_update = "vllm" if form == "upstream" else "prime-rl"
     return load_config(
         DEMO,
         [
@@ -44,6 +46,7 @@ def form_config(run_dir: Path, form: str, mode: str, *overrides: str) -> Config:
             "trainer.poll_interval_s=0.1",
             f'sim.reply_form="{form}"',
             f'payload.mode="{mode}"',
+            f'inference.weight_update="{weight_update}"',
             *overrides,
         ],
     )

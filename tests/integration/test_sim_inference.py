@@ -241,13 +241,15 @@ async def test_every_reply_form_gives_the_same_turn(
 
     for reply in (inline_reply, handle_reply, upstream_reply):
         doc = reply.json()
-        assert doc["request_id"] == "r"
+        assert doc["request_id"] == "generate-tokens-r"  # vLLM prefixes it
         assert doc["prompt_logprobs"] is None
         assert doc["kv_transfer_params"] is None
         assert doc["usage"] == {
             "prompt_tokens": 300,
-            "completion_tokens": len(completion),
             "total_tokens": 300 + len(completion),
+            "completion_tokens": len(completion),
+            "prompt_tokens_details": None,
+            "completion_tokens_details": None,
         }
 
 

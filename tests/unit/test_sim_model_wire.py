@@ -193,12 +193,20 @@ PROMPT_LEN = 30
 FIELDS = ("routed_experts", "sampling_mask")
 
 
+GOLDEN_VLLM = (
+    Path(__file__).resolve().parents[1] / "conformance" / "golden" / "vllm_0_30_0_generate.json"
+)
+
+
 def _completion() -> Any:
     return sample_completion(MODEL, 42, SamplingParams(max_tokens=12, top_k=8, seed=1), 0)
 
 
 def _ids(rows: int, high: int = 128) -> np.ndarray:
-    ids: np.ndarray = np.random.default_rng(rows).integers(0, high, size=(rows, 48, 8))
+    """Random routing: 8 distinct experts of `high` per position and layer, as a router
+    chooses them."""
+    scores = np.random.default_rng(rows).random((rows, 48, high))
+    ids: np.ndarray = np.argsort(scores, axis=-1)[..., :8]
     return ids.astype(np.uint16)
 
 
@@ -235,11 +243,13 @@ def test_prime_rl_and_upstream_choices_parse_to_the_same_turn(start: int) -> Non
     ]
     assert primerl["logprobs"] is None
     assert primerl["routed_experts"]["start"] == start
+    token, logprob = f"token_id:{completion.token_ids[0]}", float(completion.logprobs[0])
+    # As vLLM 0.30.0 answers logprobs = 1: the sampled token again as the top-1 entry.
     assert upstream["logprobs"]["content"][0] == {
-        "token": f"token_id:{completion.token_ids[0]}",
-        "logprob": float(completion.logprobs[0]),
+        "token": token,
+        "logprob": logprob,
         "bytes": None,
-        "top_logprobs": [],
+        "top_logprobs": [{"token": token, "logprob": logprob, "bytes": None}],
     }
     turns = [_parsed(primerl, start), _parsed(upstream, start)]
     for turn in turns:
@@ -306,20 +316,17 @@ def test_response_has_vllms_keys_and_usage() -> None:
         )
         for i in range(2)
     ]
-    response = render_response("req", choices, 30)
-    assert list(response) == [
-        "request_id",
-        "choices",
-        "prompt_logprobs",
-        "kv_transfer_params",
-        "usage",
-    ]
+    response = render_response("req", choices, 30, model="m")
+    # Key for key (and in order) what a real vLLM 0.30.0 answered.
+    captured = json.loads((GOLDEN_VLLM).read_text())["reply"]
+    assert list(response) == list(captured)
+    assert list(response["usage"]) == list(captured["usage"])
+    assert response["request_id"] == "generate-tokens-req"
+    assert response["model"] == "m"
     tokens = len(completion.token_ids)
-    assert response["usage"] == {
-        "prompt_tokens": 30,
-        "completion_tokens": 2 * tokens,
-        "total_tokens": 30 + 2 * tokens,
-    }
+    usage = response["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (30, 2 * tokens)
+    assert usage["total_tokens"] == 30 + 2 * tokens
 
 
 def test_corrupt_segment_leaves_the_directory_or_the_file() -> None:

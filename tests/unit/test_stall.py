@@ -54,6 +54,31 @@ def test_no_warning_before_the_interval_then_one_per_interval() -> None:
     assert watch.check(220.0, quiet) is not None
 
 
+def test_untrainable_from_refused_payloads_names_the_refusal_not_the_length() -> None:
+    # A server without routing capture: every reply poisoned, every rollout untrainable.
+    # The hint once blamed samples longer than batch.max_seq_len.
+    no_capture = "the reply carries no routed_experts: is routing capture on in the server"
+    watch = StallWatch(stall_s=60.0, started_at=100.0)
+    quiet = figures(
+        discards={"untrainable": 4300},
+        failures={"poisoned_payload": 4300},
+        texts={("poisoned_payload", no_capture): 4300, ("http_5xx", "HTTP 500"): 2},
+    )
+    report = watch.check(160.0, quiet)
+    assert report is not None
+    hint = report.log_fields()["hint"]
+    assert "max_seq_len" not in hint
+    assert "payloads were refused (4300 replies)" in hint and no_capture in hint
+    # A few refusals beside many samples that are too long: the generic hint stands.
+    mostly_long = figures(
+        discards={"untrainable": 4300},
+        failures={"poisoned_payload": 3},
+        texts={("poisoned_payload", no_capture): 3},
+    )
+    report = StallWatch(stall_s=60.0, started_at=100.0).check(160.0, mostly_long)
+    assert report is not None and "max_seq_len" in report.log_fields()["hint"]
+
+
 def test_a_shipped_batch_restarts_the_clock_and_the_counts() -> None:
     watch = StallWatch(stall_s=10.0, started_at=0.0)
     at_ship = figures(

@@ -1,32 +1,51 @@
-"""Talking to inference servers: the generate and `update_weights` requests, and the
-check of a turn's payload files on disk (blocking: run in a worker thread).
+"""Talking to inference servers: the generate request, the weight update's requests
+(`orchestrator.wire.weight_updates`), and the check of a turn's payload files on disk
+(blocking: run in a worker thread).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import attrs
 import httpx
 import msgspec
-from payload_gc import PayloadRootFiles
+import structlog
+import trio
+from payload_gc import PayloadRootFiles, VersionDir
 
 from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon.inference.http11 import HTTP11Client, HTTPFailure
 from orchestrator.httpx_body import request_bytes
 from orchestrator.payload import (
+    CHECKED_ROUTING_ROWS,
     PayloadError,
+    PayloadSegment,
     check_within,
     open_version_dir,
     overlap_problem,
+    read_rows,
     regular_file_size,
+    repeated_ids_problem,
 )
-from orchestrator.wire import GENERATE_PATH, UPDATE_WEIGHTS_PATH, InferenceFailure
+from orchestrator.wire import (
+    GENERATE_PATH,
+    ControlCall,
+    InferenceFailure,
+    WeightUpdate,
+    WeightUpdatePlan,
+    refusal_hint,
+)
 
 JSON_HEADERS = (("content-type", "application/json"),)
+
+log = structlog.get_logger(__name__)
+
+#: How long the clean-up of a weight update (vLLM's `/resume`) may take, even when the
+#: update itself was cancelled.
+CLEANUP_TIMEOUT_S = 30.0
 
 
 @attrs.frozen
@@ -70,15 +89,27 @@ def check_turn_files(turn: TurnOutput, *, files: PayloadRootFiles, version: int)
                 check_within(segment, sizes[segment.file])
             if prefill is not None and decode is not None:
                 problem = overlap_problem(directory, prefill, decode)
+            for routing in (prefill, decode):
+                if problem is None and routing is not None:
+                    problem = _routing_sample_problem(directory, routing)
         except PayloadError as exc:
             problem = str(exc)
     return TurnFiles(problem, sizes)
 
 
+def _routing_sample_problem(directory: VersionDir, segment: PayloadSegment) -> str | None:
+    """`repeated_ids_problem` over the segment's first rows (one small read): a server's
+    broken capture is the same in every row, and the trainer's reader checks the rest."""
+    if segment.fill is not None or not segment.rows:
+        return None
+    head = read_rows(directory, segment, 0, min(segment.rows, CHECKED_ROUTING_ROWS))
+    return repeated_ids_problem(head, segment.pos)
+
+
 async def _post_json(
-    client: httpx.AsyncClient, url: str, body: Mapping[str, Any]
+    client: httpx.AsyncClient, url: str, body: Mapping[str, Any] | None
 ) -> httpx.Response:
-    data = json.dumps(body, separators=(",", ":")).encode()
+    data = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
     return await request_bytes(client, "POST", url, data, headers=dict(JSON_HEADERS))
 
 
@@ -113,16 +144,39 @@ async def post_generate(client: HTTP11Client, url: str, body: bytes | Mapping[st
     return reply.body
 
 
-async def post_update_weights(client: httpx.AsyncClient, url: str, weight_dir: Path) -> None:
-    """Tell one server to load `weight_dir`. Raises `InferenceFailure` when it does not."""
+async def load_weights(
+    client: httpx.AsyncClient, url: str, plan: WeightUpdatePlan, protocol: WeightUpdate
+) -> None:
+    """Tell one server to load a version: `plan`'s calls in order (the caller puts the
+    deadline around them), then its `finally_` calls whatever happened, shielded, within
+    `CLEANUP_TIMEOUT_S`. Raises `InferenceFailure` naming the call that failed, with
+    what the refusal most likely means (`refusal_hint`)."""
     try:
-        response = await _post_json(
-            client, url.rstrip("/") + UPDATE_WEIGHTS_PATH, {"weight_dir": str(weight_dir)}
-        )
+        for call in plan.calls:
+            await _control_call(client, url, call, protocol)
+    finally:
+        with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
+            for call in plan.finally_:
+                try:
+                    await _control_call(client, url, call, protocol)
+                except InferenceFailure as exc:
+                    log.warning("weight update clean-up failed", url=url, error=str(exc))
+
+
+async def _control_call(
+    client: httpx.AsyncClient, url: str, call: ControlCall, protocol: WeightUpdate
+) -> None:
+    try:
+        response = await _post_json(client, url.rstrip("/") + call.path, call.body)
     except httpx.TimeoutException:
-        raise InferenceFailure("timeout", f"{url}: update_weights timed out") from None
+        raise InferenceFailure("timeout", f"{url}: {call.name} timed out") from None
     except httpx.TransportError as exc:
         raise _transport_failure(url, exc) from None
     if response.status_code != 200:
         kind = "http_5xx" if response.status_code >= 500 else "http_4xx"
-        raise InferenceFailure(kind, f"{url}: update_weights HTTP {response.status_code}")
+        hint = refusal_hint(protocol, call, response.status_code)
+        raise InferenceFailure(
+            kind,
+            f"{url}: {call.name} HTTP {response.status_code}: {' '.join(response.text[:200].split())}"
+            + (f" ({hint})" if hint else ""),
+        )

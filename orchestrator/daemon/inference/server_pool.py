@@ -19,9 +19,9 @@ import httpx
 import structlog
 import trio
 
-from orchestrator.daemon.inference.client import post_update_weights
+from orchestrator.daemon.inference.client import load_weights
 from orchestrator.daemon.run_state import RunState
-from orchestrator.wire import HEALTH_PATH, InferenceFailure
+from orchestrator.wire import HEALTH_PATH, InferenceFailure, WeightUpdate, weight_update_plan
 
 if TYPE_CHECKING:
     from orchestrator.handoff import StepLayout
@@ -92,6 +92,9 @@ class ProbeSettings:
     request_timeout_s: float
     unavailable_deadline_s: float
     weights_layout: StepLayout = "native"
+    weight_update: WeightUpdate = "prime-rl"
+    # How long loading the applied version may take (a checkpoint from disk: minutes).
+    load_timeout_s: float = 600.0
 
 
 async def serve_health_prober(
@@ -113,16 +116,20 @@ async def serve_health_prober(
     while True:
         await trio.sleep(settings.interval_s)
         for url in list(pool.down_since):
+            healthy = False
             with trio.move_on_after(settings.request_timeout_s):
-                if not await probe_health(client, url):
-                    continue
-                version = state.versions.applied
+                healthy = await probe_health(client, url)
+            if not healthy:
+                continue
+            version = state.versions.applied
+            with trio.move_on_after(settings.load_timeout_s):
                 if version > 0:
+                    weight_dir = weights_step_dir(
+                        settings.weights_dir, version, layout=settings.weights_layout
+                    )
+                    plan = weight_update_plan(settings.weight_update, weight_dir, version)
                     try:
-                        weight_dir = weights_step_dir(
-                            settings.weights_dir, version, layout=settings.weights_layout
-                        )
-                        await post_update_weights(client, url, weight_dir)
+                        await load_weights(client, url, plan, settings.weight_update)
                     except InferenceFailure as exc:
                         log.warning("recovering server refused weights", url=url, error=str(exc))
                         continue

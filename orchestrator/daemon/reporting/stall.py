@@ -33,6 +33,9 @@ from orchestrator.handoff import TopError
 
 log = structlog.get_logger(__name__)
 
+#: The failure kind of a reply whose payload was refused (`RejectionLog` kinds).
+POISONED = "poisoned_payload"
+
 #: What a discard reason usually means when it takes every sample, for the warning.
 DISCARD_HINTS = {
     "untrainable": "samples longer than batch.max_seq_len, without loss tokens or poisoned",
@@ -53,6 +56,9 @@ class Recent:
     discards: Mapping[str, int]
     failures: Mapping[str, int]
     top_error: TopError | None
+    # The most common reason a payload was refused (a poisoned turn's rollout is
+    # discarded as untrainable): what the hint names when it explains the discards.
+    top_poisoned: TopError | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -93,10 +99,30 @@ class StallReport:
                 f"the trainer: batch {self.step} may ship once a newer version than "
                 f"v{self.applied_version} is applied"
             )
-        dominant = most_discarded(self.recent.discards)
-        if dominant is not None and dominant[0] in DISCARD_HINTS:
-            fields["hint"] = f"most discards are {dominant[0]}: {DISCARD_HINTS[dominant[0]]}"
+        hint = discard_hint(self.recent)
+        if hint is not None:
+            fields["hint"] = hint
         return fields
+
+
+def discard_hint(recent: Recent) -> str | None:
+    """What the most common discard reason most likely means. `untrainable` is mostly
+    poisoned payloads when the servers' replies were refused about as often (each refused
+    turn discards its rollout): then the refusal's own text is the cause, not the
+    generic one (a server without routing capture once read as "samples too long")."""
+    dominant = most_discarded(recent.discards)
+    if dominant is None or dominant[0] not in DISCARD_HINTS:
+        return None
+    reason, count = dominant
+    poisoned = recent.top_poisoned
+    if reason == "untrainable" and poisoned is not None:
+        refused = recent.failures.get(POISONED, 0)
+        if 2 * refused >= count:
+            return (
+                f"most discards are untrainable: the servers' payloads were refused "
+                f"({refused} replies), most often: {poisoned.text}"
+            )
+    return f"most discards are {reason}: {DISCARD_HINTS[reason]}"
 
 
 def most_discarded(discards: Mapping[str, int]) -> tuple[str, int] | None:
@@ -133,10 +159,12 @@ class StallWatch:
     def recent(self, snapshot: RunSnapshot) -> Recent:
         """The counts of `snapshot` since the last shipped batch (since the start if none)."""
         base = self._baseline or RunSnapshot(0, 0, 0, True, 0, False)
+        poisoned = {key: n for key, n in snapshot.texts.items() if key[0] == POISONED}
         return Recent(
             grown(snapshot.discards, base.discards),
             grown(snapshot.failures, base.failures),
             top_error(snapshot.texts, base.texts),
+            top_error(poisoned, base.texts),
         )
 
     def check(self, now: float, snapshot: RunSnapshot) -> StallReport | None:

@@ -22,9 +22,15 @@ __all__ = ["UPSTREAM", "UpstreamForm"]
 
 
 def _content(completion: Completion) -> list[dict[str, Any]]:
-    """vLLM's `logprobs.content`: the sampled token of each step and its logprob."""
+    """vLLM's `logprobs.content`: the sampled token of each step and its logprob, and (the
+    request asks for one) the same token as the top-1 entry, as vLLM 0.30.0 answers."""
     return [
-        {"token": f"token_id:{token}", "logprob": logprob, "bytes": None, "top_logprobs": []}
+        {
+            "token": f"token_id:{token}",
+            "logprob": logprob,
+            "bytes": None,
+            "top_logprobs": [{"token": f"token_id:{token}", "logprob": logprob, "bytes": None}],
+        }
         for token, logprob in zip(
             completion.token_ids.tolist(), completion.logprobs.tolist(), strict=True
         )

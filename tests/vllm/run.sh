@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# `make test-vllm` / `make demo-vllm`: the stage's venv (installed once, cached outside the
+# clone), then the tests (or the demo) with it. Where the pinned vLLM cannot be installed
+# (no package registry), say so and skip, as the network-mount mode does.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+what="${1:-test}"
+shift || true
+status=0
+python="$(python3 tests/vllm/vllm_env.py ensure)" || status=$?
+if [ "$status" -eq 3 ]; then
+    echo "test-vllm: skipped: the pinned vLLM (tests/vllm/requirements.txt) cannot be installed here"
+    exit 0
+elif [ "$status" -ne 0 ]; then
+    exit "$status"
+fi
+export ORCH_VLLM_PYTHON="$python"
+if [ "$what" = demo ]; then
+    exec ${RUN:-uv run --frozen --python python3} python tests/vllm/demo_vllm.py "$@"
+fi
+exec ${RUN:-uv run --frozen --python python3} pytest -q -rP tests/vllm "$@"
