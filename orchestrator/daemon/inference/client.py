@@ -175,8 +175,9 @@ async def _control_call(
     if response.status_code != 200:
         kind = "http_5xx" if response.status_code >= 500 else "http_4xx"
         hint = refusal_hint(protocol, call, response.status_code)
+        answer = " ".join(response.text[:200].split())
         raise InferenceFailure(
             kind,
-            f"{url}: {call.name} HTTP {response.status_code}: {' '.join(response.text[:200].split())}"
+            f"{url}: {call.name} HTTP {response.status_code}: {answer}"
             + (f" ({hint})" if hint else ""),
         )
