@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from orchestrator.config import Config, add_config_arguments, config_from_args, config_to_toml
 from orchestrator.handoff import handoff_format
+
+if TYPE_CHECKING:
+    from orchestrator.daemon.inference.credentials import BearerToken
 
 HELP = "validate a config file and print it resolved, with its derived values"
 
@@ -19,17 +23,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the resolved config as TOML (exit 0). A bad config raises ConfigError, and
     real tasks that do not load (a dataset, a column, the tokenizer, a reward function)
-    raise UserError: one line, exit 2."""
+    or a bearer token that cannot be read raise UserError: one line, exit 2."""
+    from orchestrator.daemon.inference.credentials import load_bearer_token
     from orchestrator.tasks.build import check_tasks
 
     config = config_from_args(args)
+    token = load_bearer_token(config.inference)
     check_tasks(config)
-    sys.stdout.write(derived_values_comment(config) + "\n" + config_to_toml(config))
+    sys.stdout.write(derived_values_comment(config, token) + "\n" + config_to_toml(config))
     return 0
 
 
-def derived_values_comment(config: Config) -> str:
-    """TOML comment lines with what the daemon derives from the config, and why."""
+def derived_values_comment(config: Config, token: BearerToken | None = None) -> str:
+    """TOML comment lines with what the daemon derives from the config, and why; with
+    the bearer token read from where the config says (never the token itself)."""
     mode = "by handle" if config.by_handle else "inline"
     inference = config.inference
     ships = handoff_format(config.trainer.format).describe(config.handoff_settings)
@@ -44,6 +51,7 @@ def derived_values_comment(config: Config) -> str:
         f"#   reply cap:    {config.max_reply_bytes} bytes ({_how(inference.max_reply_bytes)})",
         f"#   reply budget: {config.max_buffered_reply_bytes} bytes "
         f"({_how(inference.max_buffered_reply_bytes)})",
+        f"#   bearer token: {'none' if token is None else f'read from {token.source}'}",
     ]
     return "\n".join(lines) + "\n"
 

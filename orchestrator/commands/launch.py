@@ -19,6 +19,7 @@ import trio
 from orchestrator.config import Config
 from orchestrator.core.environments import Environment
 from orchestrator.daemon import RunOutcome, RunState, Stop, run_daemon
+from orchestrator.daemon.inference.credentials import load_bearer_token
 from orchestrator.handoff import handoff_format
 from orchestrator.sim.environments import toy_environment
 from orchestrator.sim.fleet import serve_local_fleet
@@ -56,10 +57,12 @@ async def launch_run(
     metrics_sockets: Sequence[socket.socket] = (),
     task_status: trio.TaskStatus[RunState] = trio.TASK_STATUS_IGNORED,
 ) -> RunOutcome:
-    """Open the run's environment, start the local fleet `config` asks for (if any), run
-    the daemon against it and the `[inference] urls`, stop the fleet when the daemon
-    returns. Raises `UserError` for tasks that do not load (before anything starts), and
-    what `run_daemon` raises, unwrapped from this function's own nursery."""
+    """Read the servers' bearer token, open the run's environment, start the local fleet
+    `config` asks for (if any), run the daemon against it and the `[inference] urls`, stop
+    the fleet when the daemon returns. Raises `UserError` for a token or tasks that do not
+    load (before anything starts), and what `run_daemon` raises, unwrapped from this
+    function's own nursery."""
+    token = await trio.to_thread.run_sync(load_bearer_token, config.inference)
     try:
         async with open_environment(config) as environment, trio.open_nursery() as nursery:
             fleet: list[str] = await nursery.start(serve_local_fleet, config)
@@ -68,6 +71,7 @@ async def launch_run(
                 servers=[*config.inference.urls, *fleet],
                 environment=environment,
                 handoff=handoff_format(config.trainer.format),
+                token=token,
                 stop=stop,
                 metrics_sockets=metrics_sockets,
                 task_status=task_status,

@@ -143,6 +143,18 @@ class PayloadConfig:
     num_experts: int = attrs.field(default=0, validator=at_least(0))
 
 
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _variable_name(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if value and not _VARIABLE_NAME.fullmatch(value):
+        raise InvalidValue(
+            "is not an environment variable's name (letters, digits and _)",
+            value=value,
+            key=attribute.name,
+        )
+
+
 @attrs.frozen
 class InferenceConfig:
     """The inference servers the daemon sends rollouts to."""
@@ -174,6 +186,21 @@ class InferenceConfig:
     max_reply_bytes: int = attrs.field(default=0, validator=at_least(0))
     # Bytes all in-flight generate replies may hold together; 0 derives it.
     max_buffered_reply_bytes: int = attrs.field(default=0, validator=at_least(0))
+    # The bearer token servers started with `vllm serve --api-key` want, sent as
+    # `Authorization: Bearer` with every request: the name of an environment variable that
+    # holds it, or a file that holds it (one of the two). The token itself is never in the
+    # config, the logs or progress.json (orchestrator/daemon/inference/credentials.py).
+    api_key_env: str = attrs.field(default="", validator=_variable_name)
+    api_key_file: Path | None = attrs.field(default=None, converter=_optional_absolute_path)
+
+    def __attrs_post_init__(self) -> None:
+        if self.api_key_env and self.api_key_file is not None:
+            raise InvalidValue(
+                "cannot be set with {0}: say where the token is once",
+                value=self.api_key_env,
+                key="api_key_env",
+                siblings=["api_key_file"],
+            )
 
 
 def _registered_format(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:

@@ -62,7 +62,7 @@ async def broadcast_update_weights(
         for attempt in range(config.inference.retries + 1):
             try:
                 with trio.fail_after(config.inference.request_timeout_s):
-                    await load_weights(client, url, plan, config.inference.weight_update)
+                    await load_weights(client, url, plan)
                 return
             except (InferenceFailure, trio.TooSlowError) as exc:
                 error = str(exc) or "no answer in time"

@@ -36,6 +36,7 @@ from orchestrator.daemon.ending import (
     stop_gracefully_when_asked,
     wait_until_trained,
 )
+from orchestrator.daemon.inference.credentials import BearerToken
 from orchestrator.daemon.inference.http_clients import open_clients
 from orchestrator.daemon.inference.server_pool import ServerPool, serve_health_prober
 from orchestrator.daemon.interpreter import tune_interpreter_for_the_loop, untune_interpreter
@@ -115,6 +116,7 @@ async def run_daemon(
     servers: Sequence[str],
     environment: Environment,
     handoff: HandoffFormat,
+    token: BearerToken | None = None,
     stop: Stop | None = None,
     metrics_sockets: Sequence[socket.socket] = (),
     task_status: trio.TaskStatus[RunState] = trio.TASK_STATUS_IGNORED,
@@ -129,7 +131,8 @@ async def run_daemon(
 
     `stop` (the `run` command's signals): a request stops the run gracefully once
     dispatching, at once before (see `orchestrator.daemon.stop`); the outcome says so.
-    `metrics_sockets`: the metrics listener, bound beforehand.
+    `metrics_sockets`: the metrics listener, bound beforehand. `token`: the servers'
+    bearer token (`orchestrator.daemon.inference.credentials`), sent with every request.
     """
     started = time.monotonic()
     state = RunState.new(
@@ -142,7 +145,9 @@ async def run_daemon(
         with trio.CancelScope(shield=True):  # a worker thread finishes it anyway
             start = await trio.to_thread.run_sync(_find_start, config, handoff, state)
         await trio.lowlevel.checkpoint()  # a stop asked for already ends it here, nothing done
-        await _serve(services, start, servers, environment, stop, metrics_sockets, task_status)
+        await _serve(
+            services, start, servers, environment, token, stop, metrics_sockets, task_status
+        )
     stopped = stop is not None and scope.cancelled_caught
     if stop is not None and stopped:
         await account_for_a_stopped_run(config, handoff, state, stop)
@@ -178,6 +183,7 @@ async def _serve(
     start: StartPoint,
     servers: Sequence[str],
     environment: Environment,
+    token: BearerToken | None,
     stop: Stop | None,
     metrics_sockets: Sequence[socket.socket],
     task_status: trio.TaskStatus[RunState],
@@ -196,6 +202,7 @@ async def _serve(
                 config.inference.max_inflight,
                 max_reply_bytes=config.max_reply_bytes,
                 max_buffered_reply_bytes=config.max_buffered_reply_bytes,
+                token=token,
             ) as clients,
             trio.open_nursery() as nursery,
         ):

@@ -5,6 +5,7 @@ errors (vLLM's error body)."""
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Awaitable, Callable, Mapping
 
 from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH
@@ -23,6 +24,9 @@ from ._response import error_body
 
 # 8,000 prompt tokens are ~50 kB of JSON; anything near this is a client bug.
 MAX_BODY_BYTES = 64 * 2**20
+# The paths vLLM's `--api-key` closes (its AuthenticationMiddleware): the generate
+# endpoint is one of them; /health and the dev-mode control endpoints are not.
+GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 
 Handler = Callable[[Receive, Send], Awaitable[None]]
 
@@ -52,15 +56,21 @@ async def route_request(
     update_weights: Handler,
     health: Callable[[Send], Awaitable[None]],
     control: Mapping[str, Handler] | None = None,
+    api_key: str = "",
 ) -> None:
     """Serve one ASGI call: the lifespan protocol, and for an HTTP request the handler of
     its path and method (`control`: more `POST` paths, vLLM's dev-mode endpoints); 405
-    for a known path with another method, 404 for any other path. Other scope types
+    for a known path with another method, 404 for any other path. With `api_key`, a
+    request to a path vLLM's `--api-key` guards without `Authorization: Bearer <api_key>`
+    is answered 401 `{"error": "Unauthorized"}`, as vLLM answers it. Other scope types
     (websockets) are ignored."""
     if scope["type"] == "lifespan":
         await serve_lifespan(receive, send)
         return
     if scope["type"] != "http":
+        return
+    if api_key and _refused_credentials(scope, api_key):
+        await send_json(send, 401, {"error": "Unauthorized"})
         return
     route = (scope["method"], scope["path"])
     extra = control or {}
@@ -76,3 +86,13 @@ async def route_request(
         await send_error(send, 405, f"Method {scope['method']} not allowed")
     else:
         await send_error(send, 404, f"No route {scope['path']}")
+
+
+def _refused_credentials(scope: Scope, api_key: str) -> bool:
+    if scope["method"] == "OPTIONS" or not scope["path"].startswith(GUARDED_PREFIXES):
+        return False
+    headers = dict(scope["headers"])
+    scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer":
+        return True
+    return not hmac.compare_digest(token.encode("latin-1"), api_key.encode("latin-1"))

@@ -68,6 +68,9 @@ class SimInferenceConfig:
     - `disaggregated`: serve a P/D deployment on `host:port` (a router in front of a
       prefill and a decode server, each with this config's other settings; their faults
       drawn from seeds `2 * fault_seed` and `2 * fault_seed + 1`).
+    - `api_key`: the bearer token requests to vLLM's guarded paths (the generate endpoint)
+      must carry, as `vllm serve --api-key` asks for it (401 without); "": none. In a P/D
+      deployment the router asks for it.
 
     Raises `ValueError` from the constructor when a field is out of range.
     """
@@ -93,6 +96,7 @@ class SimInferenceConfig:
     role: SimRole = attrs.field(default="aggregated", validator=_role)
     disaggregated: bool = False
     max_num_seqs: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    api_key: str = attrs.field(default="", repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.disaggregated and self.role != "aggregated":

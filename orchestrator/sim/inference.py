@@ -203,6 +203,7 @@ class _InferenceApp:
             control=self._vllm_dev_endpoints()
             if self.state.config.reply_form == "upstream"
             else None,
+            api_key=self.state.config.api_key,
         )
 
     def _vllm_dev_endpoints(self) -> dict[str, Handler]:
@@ -497,13 +498,15 @@ async def serve_pd_deployment(
     faults drawn from seeds `2 * fault_seed` and `2 * fault_seed + 1`) and the router in
     front of them on `config.host:config.port`, until cancelled. Reports the router's
     URL. Raises `OSError` when an address cannot be bound."""
-    side = attrs.evolve(config, disaggregated=False, port=0)
+    side = attrs.evolve(config, disaggregated=False, port=0, api_key="")
     prefill = attrs.evolve(side, role="prefill", fault_seed=2 * config.fault_seed)
     decode = attrs.evolve(side, role="decode", fault_seed=2 * config.fault_seed + 1)
     async with trio.open_nursery() as nursery:
         prefill_url = await nursery.start(serve_inference, prefill)
         decode_url = await nursery.start(serve_inference, decode)
-        router = PDRouterConfig(prefill_url, decode_url, host=config.host, port=config.port)
+        router = PDRouterConfig(
+            prefill_url, decode_url, host=config.host, port=config.port, api_key=config.api_key
+        )
         url = await nursery.start(serve_pd_router, router)
         log.info("P/D deployment listening", url=url, prefill=prefill_url, decode=decode_url)
         task_status.started(url)

@@ -63,6 +63,8 @@ class PDRouterConfig:
     port: int = attrs.field(
         default=0, validator=[attrs.validators.ge(0), attrs.validators.le(65535)]
     )
+    # The bearer token clients must send (vLLM's --api-key); "": none.
+    api_key: str = attrs.field(default="", repr=False)
 
 
 class _Refused(Exception):
@@ -111,6 +113,7 @@ class _RouterApp:
             health=self._health,
             # vLLM's dev-mode weight update goes to both sides as prime-rl's does.
             control={path: functools.partial(self._to_both, path) for path in VLLM_DEV_PATHS},
+            api_key=self.config.api_key,
         )
 
     async def _generate(self, receive: Receive, send: Send) -> None:

@@ -57,7 +57,8 @@ class InferenceFailure(Exception):
 
     `kind` is one of "connect" (the server refused or could not be reached: it is
     probably down), "transport" (a connection broke mid-request, e.g. a reused keep-alive
-    connection the server had closed), "timeout", "http_5xx", "http_4xx", "malformed"
+    connection the server had closed), "timeout", "http_5xx", "http_4xx",
+    "unauthorized" (a 401: the bearer token is missing or not the server's), "malformed"
     (a reply that cannot be read: asking the same server again would get the same),
     "oversized" (a body longer than the generate client's cap: it was not read, and its
     connection closed). "connect", "transport", "timeout" and "http_5xx" are transient:

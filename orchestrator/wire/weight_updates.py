@@ -57,9 +57,10 @@ class ControlCall:
 
 @attrs.frozen
 class WeightUpdatePlan:
-    """The calls that load one version, in order (each must answer 200), and those sent
-    afterwards whatever happened (`finally`)."""
+    """The calls of `protocol` that load one version, in order (each must answer 200),
+    and those sent afterwards whatever happened (`finally`)."""
 
+    protocol: WeightUpdate
     calls: tuple[ControlCall, ...] = ()
     finally_: tuple[ControlCall, ...] = ()
 
@@ -68,11 +69,12 @@ def weight_update_plan(protocol: WeightUpdate, weight_dir: Path, version: int) -
     """What tells one server running `protocol` to load `version` from `weight_dir`."""
     if protocol == "prime-rl":
         return WeightUpdatePlan(
-            (ControlCall(UPDATE_WEIGHTS_PATH, {"weight_dir": str(weight_dir)}),)
+            protocol, (ControlCall(UPDATE_WEIGHTS_PATH, {"weight_dir": str(weight_dir)}),)
         )
     if protocol == "vllm":
         pause, rpc, reset, version_path, resume = VLLM_DEV_PATHS
         return WeightUpdatePlan(
+            protocol,
             (
                 ControlCall(f"{pause}?mode=keep"),
                 ControlCall(
@@ -86,7 +88,7 @@ def weight_update_plan(protocol: WeightUpdate, weight_dir: Path, version: int) -
             finally_=(ControlCall(resume),),
         )
     if protocol == "none":
-        return WeightUpdatePlan()
+        return WeightUpdatePlan(protocol)
     raise ValueError(f"unknown weight update protocol {protocol!r}")
 
 

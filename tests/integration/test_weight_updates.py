@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 import structlog.testing
@@ -18,7 +19,7 @@ from orchestrator.daemon.inference.client import load_weights
 from orchestrator.daemon.run_state import RunState
 from orchestrator.sim import SimInferenceConfig, serve_inference
 from orchestrator.sim._model import SimModel
-from orchestrator.wire import InferenceFailure, weight_update_plan
+from orchestrator.wire import ControlCall, InferenceFailure, weight_update_plan
 
 SIM = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 STEPS = 3
@@ -35,15 +36,13 @@ async def test_vllm_protocol_loads_through_the_dev_endpoints(tmp_path: Path) -> 
     async with trio.open_nursery() as nursery, httpx.AsyncClient() as client:
         config = SimInferenceConfig(model=SimModel(), reply_form="upstream")
         url = await nursery.start(serve_inference, config)
-        await load_weights(client, url, weight_update_plan("vllm", weight_dir, 7), "vllm")
+        await load_weights(client, url, weight_update_plan("vllm", weight_dir, 7))
         state = await health(url)
         assert (state["version"], state["weight_dir"]) == (7, str(weight_dir))
 
         # prime-rl's body is refused as upstream vLLM refuses it, and the failure says why.
         with pytest.raises(InferenceFailure) as refused:
-            await load_weights(
-                client, url, weight_update_plan("prime-rl", weight_dir, 8), "prime-rl"
-            )
+            await load_weights(client, url, weight_update_plan("prime-rl", weight_dir, 8))
         assert "update_weights HTTP 400" in str(refused.value)
         assert "Missing 'update_info'" in str(refused.value)
         assert 'weight_update = "vllm"' in str(refused.value)
@@ -55,12 +54,12 @@ async def test_a_failed_vllm_update_still_resumes_the_server(tmp_path: Path) -> 
         config = SimInferenceConfig(model=SimModel(), reply_form="upstream")
         url = await nursery.start(serve_inference, config)
         plan = weight_update_plan("vllm", tmp_path / "step_1", 1)
-        broken = type(plan)(
-            (plan.calls[0], type(plan.calls[1])("/collective_rpc", {"method": "no_such"})),
-            plan.finally_,
+        broken = attrs.evolve(
+            plan,
+            calls=(plan.calls[0], ControlCall("/collective_rpc", {"method": "no_such"})),
         )
         with pytest.raises(InferenceFailure, match="collective_rpc HTTP 400"):
-            await load_weights(client, url, broken, "vllm")
+            await load_weights(client, url, broken)
         # Paused by the first call, resumed by the plan's finally: a generate answers.
         with trio.fail_after(10):
             reply = await client.post(

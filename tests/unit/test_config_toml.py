@@ -149,7 +149,7 @@ def test_default_directories_are_comments_not_keys(tmp_path: Path) -> None:
 def test_every_key_is_written(tmp_path: Path) -> None:
     config = Config(
         run_dir=tmp_path / "run",
-        inference=InferenceConfig(urls=("http://a:1",)),
+        inference=InferenceConfig(urls=("http://a:1",), api_key_file=tmp_path / "k"),
         payload=PayloadConfig(root=tmp_path / "p"),
         trainer=TrainerConfig(batches_dir=tmp_path / "b", weights_dir=tmp_path / "w"),
         model=ModelConfig(tokenizer=tmp_path / "m"),

@@ -34,6 +34,11 @@ READY_TIMEOUT_S = 300.0
 BASE_FLAGS = (
     "--dtype=float32",
     "--max-model-len=2048",
+    # The CPU engine dies ("CPU Generator does not use offset") when it splits the prefill
+    # of a request with a seed, and the daemon seeds every request: no chunked prefill, so
+    # a whole prompt (at most max-model-len) is always prefilled in one step.
+    "--no-enable-chunked-prefill",
+    "--max-num-batched-tokens=2048",
     "--enable-scale-out",
     "--seed=0",
     "--served-model-name=tiny",
@@ -101,6 +106,12 @@ class Server:
     url: str
     log: Path
     process: subprocess.Popen[bytes]
+    # The token it was started with (`--api-key`), "" for none.
+    api_key: str = ""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def version(self) -> str:
         """The server's vLLM version (`GET /version`)."""
@@ -118,10 +129,12 @@ def vllm_server(
     *flags: str,
     routing: bool = True,
     dev_mode: bool = True,
+    api_key: str = "",
     env: dict[str, str] | None = None,
 ) -> Iterator[Server]:
-    """A real `vllm serve` of `model` on loopback with BASE_FLAGS and `flags`; ready when
-    it yields (its /health answered 200), killed with its children when done."""
+    """A real `vllm serve` of `model` on loopback with BASE_FLAGS and `flags` (and
+    `--api-key` when `api_key` is given); ready when it yields (its /health answered
+    200), killed with its children when done."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"vllm-{port}.log"
@@ -146,13 +159,14 @@ def vllm_server(
         f"--port={port}",
         *BASE_FLAGS,
         *([ROUTING_FLAG] if routing else []),
+        *([f"--api-key={api_key}"] if api_key else []),
         *flags,
     ]
     with log.open("wb") as out:
         process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, env=environment, start_new_session=True
         )
-    server = Server(f"http://127.0.0.1:{port}", log, process)
+    server = Server(f"http://127.0.0.1:{port}", log, process, api_key)
     try:
         _wait_ready(server)
         yield server
@@ -191,8 +205,13 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 def generate(
     server: Server, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> httpx.Response:
+    """POST `body` to the server's generate endpoint, with its token unless `headers`
+    says otherwise."""
     return httpx.post(
-        f"{server.url}/inference/v1/generate", json=body, headers=headers, timeout=120
+        f"{server.url}/inference/v1/generate",
+        json=body,
+        headers=server.headers if headers is None else headers,
+        timeout=120,
     )
 
 

@@ -206,13 +206,27 @@ def greedy_versions(server: Server, checkpoints: list[Path]) -> list[int]:
     return [k for k, g in enumerate(greedy) if g == tokens]
 
 
+#: The token the dense server is closed with (`vllm serve --api-key`).
+API_KEY = "sk-tiny-dense-5e2b"
+
+
 @pytest.fixture(scope="module")
 def dense_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     model = tiny_model("dense")
     with vllm_server(
-        model, tmp_path_factory.mktemp("dense"), "--enforce-eager", routing=False
+        model,
+        tmp_path_factory.mktemp("dense"),
+        "--enforce-eager",
+        routing=False,
+        api_key=API_KEY,
     ) as server:
         yield server
+
+
+def key_file(tmp_path: Path) -> str:
+    path = tmp_path / "api-key"
+    path.write_text(API_KEY + "\n")
+    return f'inference.api_key_file="{path}"'
 
 
 async def test_the_server_holds_each_version_the_run_applied(
@@ -220,12 +234,15 @@ async def test_the_server_holds_each_version_the_run_applied(
 ) -> None:
     # The dense twin (no routing): vLLM 0.30.0 reloads it from disk correctly, so greedy
     # tokens tell the version it holds: the last one applied, as transformers generates
-    # from that checkpoint, and no other.
+    # from that checkpoint, and no other. It is closed with --api-key: the run reads the
+    # token from a file and sends it.
     model = tiny_model("dense")
     steps = 3
     config, outcome = await run_against(
-        dense_server, model, tmp_path / "run", steps, "payload.fields=[]"
+        dense_server, model, tmp_path / "run", steps, "payload.fields=[]", key_file(tmp_path)
     )
+    assert outcome.state.dispatch.failures["unauthorized"] == 0
+    assert API_KEY not in (config.state_dir / "progress.json").read_text()
     applied = outcome.state.versions.applied
     assert applied >= 2
     checkpoints = [model] + [config.weights_dir / f"step_{k:06d}" for k in range(1, applied + 1)]
@@ -242,7 +259,7 @@ async def test_a_moe_server_reloads_its_own_checkpoint_unchanged(
     eager_server: Server, model: Path, tmp_path: Path
 ) -> None:
     async with httpx.AsyncClient() as client:
-        await load_weights(client, eager_server.url, weight_update_plan("vllm", model, 0), "vllm")
+        await load_weights(client, eager_server.url, weight_update_plan("vllm", model, 0))
     assert greedy_versions(eager_server, [model]) == [0]
 
 
@@ -284,3 +301,16 @@ async def test_a_server_without_routing_capture_stalls_with_the_right_hint(
     hint = stalls[-1]["hint"]
     assert "max_seq_len" not in hint
     assert "payloads were refused" in hint and "no routed_experts" in hint
+
+
+async def test_a_closed_server_names_a_missing_token(dense_server: Server, tmp_path: Path) -> None:
+    # vllm serve --api-key answers the generate endpoint without the token with 401; the
+    # daemon counts that as "unauthorized" and says which keys set the token.
+    refused = generate(dense_server, greedy_body([300, 301], 2, routing=False), headers={})
+    assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"})
+    state = await brief_run(
+        dense_server, tiny_model("dense"), tmp_path / "run", 6, "payload.fields=[]"
+    )
+    assert state.dispatch.failures["unauthorized"] > 0
+    ((text, _),) = state.dispatch.rejections.most_common("unauthorized", 1)
+    assert text.startswith("the server wants a bearer token: set [inference] api_key_env"), text

@@ -17,6 +17,7 @@ import trio
 from payload_gc import PayloadRootFiles, VersionDir
 
 from orchestrator.core.turns import TurnOutput
+from orchestrator.daemon.inference.credentials import unauthorized_detail
 from orchestrator.daemon.inference.http11 import HTTP11Client, HTTPFailure
 from orchestrator.httpx_body import request_bytes
 from orchestrator.payload import (
@@ -130,13 +131,17 @@ async def post_generate(client: HTTP11Client, url: str, body: bytes | Mapping[st
     """POST one generate request (`body` encoded already, or a JSON object); the caller
     puts the deadline around it.
 
-    Raises `InferenceFailure` for connection errors and non-200 answers.
+    Raises `InferenceFailure` for connection errors and non-200 answers ("unauthorized"
+    for a 401: a missing or refused bearer token).
     """
     data = body if isinstance(body, bytes) else encode_generate_request(body)
     try:
         reply = await client.request("POST", url.rstrip("/") + GENERATE_PATH, data, JSON_HEADERS)
     except HTTPFailure as exc:
         raise InferenceFailure(exc.kind, exc.detail) from None
+    if reply.status == 401:
+        sent = client.authorization is not None
+        raise InferenceFailure("unauthorized", unauthorized_detail(url, sent_token=sent))
     if reply.status >= 500:
         raise InferenceFailure("http_5xx", f"{url}: HTTP {reply.status}")
     if reply.status != 200:
@@ -144,21 +149,19 @@ async def post_generate(client: HTTP11Client, url: str, body: bytes | Mapping[st
     return reply.body
 
 
-async def load_weights(
-    client: httpx.AsyncClient, url: str, plan: WeightUpdatePlan, protocol: WeightUpdate
-) -> None:
+async def load_weights(client: httpx.AsyncClient, url: str, plan: WeightUpdatePlan) -> None:
     """Tell one server to load a version: `plan`'s calls in order (the caller puts the
     deadline around them), then its `finally_` calls whatever happened, shielded, within
     `CLEANUP_TIMEOUT_S`. Raises `InferenceFailure` naming the call that failed, with
     what the refusal most likely means (`refusal_hint`)."""
     try:
         for call in plan.calls:
-            await _control_call(client, url, call, protocol)
+            await _control_call(client, url, call, plan.protocol)
     finally:
         with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
             for call in plan.finally_:
                 try:
-                    await _control_call(client, url, call, protocol)
+                    await _control_call(client, url, call, plan.protocol)
                 except InferenceFailure as exc:
                     log.warning("weight update clean-up failed", url=url, error=str(exc))
 
@@ -172,6 +175,10 @@ async def _control_call(
         raise InferenceFailure("timeout", f"{url}: {call.name} timed out") from None
     except httpx.TransportError as exc:
         raise _transport_failure(url, exc) from None
+    if response.status_code == 401:
+        sent = "authorization" in client.headers
+        detail = unauthorized_detail(url, sent_token=sent)
+        raise InferenceFailure("unauthorized", f"{call.name}: {detail}")
     if response.status_code != 200:
         kind = "http_5xx" if response.status_code >= 500 else "http_4xx"
         hint = refusal_hint(protocol, call, response.status_code)

@@ -169,7 +169,8 @@ class HTTP11Client:
     `max_idle` bounds the idle connections kept per origin; extra ones are closed. An
     answer whose body is longer than `max_response_bytes` is an "oversized" failure; the
     bodies being read at once hold at most `max_buffered_bytes` (at least
-    `max_response_bytes`), see the module docstring.
+    `max_response_bytes`), see the module docstring. `authorization`, when given, is sent
+    as the `Authorization` header of every request (and left out of the repr).
     """
 
     tls: ssl.SSLContext | None = None
@@ -178,6 +179,7 @@ class HTTP11Client:
         default=MAX_RESPONSE_BYTES, validator=attrs.validators.ge(0)
     )
     max_buffered_bytes: int = MAX_BUFFERED_BYTES
+    authorization: str | None = attrs.field(default=None, repr=False)
     budget: ByteBudget = attrs.field(init=False)
     _idle: dict[Origin, list[_Connection]] = attrs.field(init=False, factory=dict)
     _closed: bool = attrs.field(init=False, default=False)
@@ -218,6 +220,8 @@ class HTTP11Client:
         origin, target = split_url(url)
         connection = self._checkout(origin) or await self._connect(origin)
         try:
+            if self.authorization is not None:
+                headers = (("authorization", self.authorization), *headers)
             reply = await _exchange(connection, origin, method, target, body, headers, self)
         except BaseException:
             connection.close()

@@ -16,6 +16,7 @@ import attrs
 import httpx
 import trio
 
+from orchestrator.daemon.inference.credentials import BearerToken
 from orchestrator.daemon.inference.http11 import HTTP11Client
 
 
@@ -27,23 +28,31 @@ class Clients:
 
 @contextlib.asynccontextmanager
 async def open_clients(
-    max_inflight: int, *, max_reply_bytes: int, max_buffered_reply_bytes: int
+    max_inflight: int,
+    *,
+    max_reply_bytes: int,
+    max_buffered_reply_bytes: int,
+    token: BearerToken | None = None,
 ) -> AsyncIterator[Clients]:
     """Both clients, closed on exit. `max_inflight` bounds the idle generate connections
     kept per server; a generate reply may hold `max_reply_bytes`, and all of them together
     `max_buffered_reply_bytes` (`Config.max_reply_bytes`, `Config.max_buffered_reply_bytes`).
+    Both send `token` (when given) with every request.
 
     The TLS context (loading the trust store blocks for up to a second) is built once, in
     a worker thread, and shared.
     """
     tls: ssl.SSLContext = await trio.to_thread.run_sync(ssl.create_default_context)
+    authorization = None if token is None else token.authorization
+    headers = {} if authorization is None else {"authorization": authorization}
     async with (
         HTTP11Client(
             tls=tls,
             max_idle=max_inflight,
             max_response_bytes=max_reply_bytes,
             max_buffered_bytes=max_buffered_reply_bytes,
+            authorization=authorization,
         ) as generate,
-        httpx.AsyncClient(timeout=None, verify=tls) as control,
+        httpx.AsyncClient(timeout=None, verify=tls, headers=headers) as control,
     ):
         yield Clients(generate, control)

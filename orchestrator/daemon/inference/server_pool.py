@@ -129,7 +129,7 @@ async def serve_health_prober(
                     )
                     plan = weight_update_plan(settings.weight_update, weight_dir, version)
                     try:
-                        await load_weights(client, url, plan, settings.weight_update)
+                        await load_weights(client, url, plan)
                     except InferenceFailure as exc:
                         log.warning("recovering server refused weights", url=url, error=str(exc))
                         continue

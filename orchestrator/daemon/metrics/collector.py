@@ -26,6 +26,7 @@ FAILURE_KINDS = (
     "timeout",
     "http_5xx",
     "http_4xx",
+    "unauthorized",
     "malformed",
     "oversized",
     "poisoned_payload",

@@ -1,0 +1,176 @@
+"""Servers closed with a bearer token, as `vllm serve --api-key` closes them: the daemon
+trains against them with the token from `[inference] api_key_file` (or `api_key_env`),
+names a missing or wrong token in one failure line, and never shows the token: not in
+the logs, not in `progress.json`, not in `check-config`'s output. A token that cannot be
+read stops `run` before the payload root is touched."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import attrs
+import httpx
+import pytest
+import structlog.testing
+import trio
+
+from orchestrator.cli import main
+from orchestrator.commands.launch import launch_run
+from orchestrator.config import Config, load_config
+from orchestrator.daemon.run_state import RunState
+from orchestrator.sim import serve_inference
+from orchestrator.sim.fleet import sim_inference_config
+
+SIM = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
+TOKEN = "sk-closed-0c4f1e"
+STEPS = 3
+
+
+def run_config(run_dir: Path, *more: str) -> Config:
+    return load_config(
+        SIM,
+        [
+            f'run_dir="{run_dir}"',
+            f"max_steps={STEPS}",
+            "sim.inference_servers=0",
+            "sim.train_time_s=0.02",
+            "trainer.poll_interval_s=0.1",
+            *more,
+        ],
+    )
+
+
+@pytest.fixture
+async def closed_server(tmp_path: Path) -> AsyncIterator[str]:
+    """A local server (by handle, prime-rl's form) that wants `TOKEN`."""
+    fleet = load_config(SIM, [f'run_dir="{tmp_path}"'])
+    config = attrs.evolve(sim_inference_config(fleet, 0), api_key=TOKEN)
+    async with trio.open_nursery() as nursery:
+        yield await nursery.start(serve_inference, config)
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_local_server_guards_what_vllm_guards(closed_server: str) -> None:
+    async with httpx.AsyncClient() as client:
+        body = {"request_id": "r", "token_ids": [1, 2], "sampling_params": {"max_tokens": 2}}
+        refused = await client.post(f"{closed_server}/inference/v1/generate", json=body)
+        assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"})
+        wrong = await client.post(
+            f"{closed_server}/inference/v1/generate",
+            json=body,
+            headers={"authorization": "Bearer sk-other"},
+        )
+        assert wrong.status_code == 401
+        taken = await client.post(
+            f"{closed_server}/inference/v1/generate",
+            json=body,
+            headers={"authorization": f"bearer {TOKEN}"},  # the scheme in any case, as vLLM
+        )
+        assert taken.status_code == 200
+        assert (await client.get(f"{closed_server}/health")).status_code == 200
+
+
+def written_text(run_dir: Path) -> str:
+    return "\n".join(
+        path.read_text(errors="replace")
+        for path in run_dir.rglob("*")
+        if path.is_file() and path.suffix in (".json", ".jsonl", ".toml", ".log")
+    )
+
+
+async def test_a_run_trains_against_closed_servers_and_never_shows_the_token(
+    closed_server: str, tmp_path: Path
+) -> None:
+    key = tmp_path / "api-key"
+    key.write_text(TOKEN + "\n")
+    config = run_config(
+        tmp_path / "run", f'inference.urls=["{closed_server}"]', f'inference.api_key_file="{key}"'
+    )
+    with structlog.testing.capture_logs() as logs, trio.fail_after(120):
+        outcome = await launch_run(config)
+    assert outcome.state.shipping.next_step == STEPS + 1
+    assert outcome.state.dispatch.failures["unauthorized"] == 0
+    assert TOKEN not in repr(logs)
+    progress = (config.state_dir / "progress.json").read_text()
+    assert TOKEN not in progress and TOKEN not in written_text(config.run_dir)
+
+
+async def first_failures(config: Config) -> list[tuple[str, int]]:
+    """The run's most common "unauthorized" texts once it has some."""
+    async with trio.open_nursery() as nursery:
+        state: RunState = await nursery.start(launch_run, config)
+        with trio.fail_after(30):
+            while state.dispatch.failures["unauthorized"] < 4:
+                await state.wait_changed()
+        nursery.cancel_scope.cancel()
+    assert state.shipping.next_step == 1
+    return state.dispatch.rejections.most_common("unauthorized")
+
+
+async def test_a_missing_token_is_named_with_the_keys_that_set_it(
+    closed_server: str, tmp_path: Path
+) -> None:
+    config = run_config(tmp_path / "run", f'inference.urls=["{closed_server}"]')
+    ((text, _),) = await first_failures(config)
+    assert text.startswith(
+        "the server wants a bearer token: set [inference] api_key_env or api_key_file"
+    ), text
+
+
+async def test_a_wrong_token_is_named_as_refused(
+    closed_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORCH_CLOSED_KEY", "sk-not-the-servers")
+    config = run_config(
+        tmp_path / "run",
+        f'inference.urls=["{closed_server}"]',
+        'inference.api_key_env="ORCH_CLOSED_KEY"',
+    )
+    with structlog.testing.capture_logs() as logs:
+        ((text, _),) = await first_failures(config)
+    assert text.startswith("the server refused the bearer token"), text
+    assert "sk-not-the-servers" not in repr(logs)
+
+
+def test_check_config_says_where_the_token_is_and_not_what_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ORCH_CLOSED_KEY", TOKEN)
+    code = main(
+        [
+            "check-config",
+            str(SIM),
+            "--set",
+            f'run_dir="{tmp_path}"',
+            "--set",
+            'inference.api_key_env="ORCH_CLOSED_KEY"',
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert '#   bearer token: read from inference.api_key_env = "ORCH_CLOSED_KEY"' in out
+    assert 'api_key_env = "ORCH_CLOSED_KEY"' in out
+    assert TOKEN not in out
+
+
+@pytest.mark.parametrize("command", ["check-config", "run"])
+def test_a_token_that_cannot_be_read_is_one_line_and_touches_nothing(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    kept = run_dir / "payloads" / "v0" / "kept.bin"
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"payload")
+    absent = tmp_path / "no-key"
+    args = ["--config", str(SIM)] if command == "run" else [str(SIM)]
+    sets = [f'run_dir="{run_dir}"', f'inference.api_key_file="{absent}"']
+    code = main([command, *args, *[arg for s in sets for arg in ("--set", s)]])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == (
+        f"orchestrator {command}: error: inference.api_key_file = "
+        f'"{absent}": cannot read it: No such file or directory\n'
+    )
+    assert kept.read_bytes() == b"payload"
+    assert not (load_config(SIM, sets).state_dir / "progress.json").exists()
