@@ -23,6 +23,9 @@ SCRIPTS = [
     "real_tasks.py",
     # Batches of 256 and 512 rollouts of ~4,500 tokens: lag, memory, batch write and read.
     "system_scale.py",
+    # Upstream vLLM (the real-vLLM stage's CPU build) with the by-handle writer, against
+    # itself inline (installs that stage's venv once; skipped where it cannot).
+    "vllm_by_handle.py",
     # Version detection and collection on sshfs over loopback, with and without caches
     # (needs root and /dev/fuse; only the local disk is measured where it cannot mount).
     "system_netmount.py",

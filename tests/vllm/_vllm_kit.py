@@ -27,6 +27,8 @@ import httpx
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TOKENIZER = ROOT / "demo" / "model"
+#: The payload writer's distribution (`orchestrator-vllm`), pip-installed into the venv.
+WRITER = ROOT / "vllm-writer"
 VLLM_PYTHON_ENV = "ORCH_VLLM_PYTHON"
 #: The longest a server may take to become ready (about 25 s eager on 2 cores).
 READY_TIMEOUT_S = 300.0
@@ -71,9 +73,26 @@ def run_in_venv(*args: str, stdin: str | None = None, timeout: float = 300.0) ->
     return done.stdout
 
 
+def install_writer() -> Path:
+    """`pip install` the writer's folder into the stage venv, as a user installs it (its
+    code changes with the clone, so every session reinstalls it); its command."""
+    run_in_venv(
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--force-reinstall",
+        str(WRITER),
+    )
+    return vllm_python().parent / "orchestrator-vllm"
+
+
 def tiny_model(kind: str = "moe") -> Path:
-    """The tiny model (`kind` "moe", or "dense" for its twin without experts), built once
-    per builder and tokenizer (cached beside the venv)."""
+    """The tiny model (`kind` "moe", "dense" for its twin without experts, or "wide" with
+    a real MoE's routing shape), built once per builder and tokenizer (cached beside the
+    venv)."""
     key = hashlib.sha256((HERE / "tiny_moe.py").read_bytes())
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         key.update((TOKENIZER / name).read_bytes())
@@ -81,7 +100,7 @@ def tiny_model(kind: str = "moe") -> Path:
     if not (folder / "model.safetensors").exists():
         partial = folder.with_name(folder.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
-        command = "build" if kind == "moe" else "build-dense"
+        command = {"moe": "build", "dense": "build-dense", "wide": "build-wide"}[kind]
         run_in_venv("tiny_moe.py", command, str(partial), str(TOKENIZER))
         partial.rename(folder)
     return folder
@@ -130,11 +149,13 @@ def vllm_server(
     routing: bool = True,
     dev_mode: bool = True,
     api_key: str = "",
+    writer_root: Path | None = None,
     env: dict[str, str] | None = None,
 ) -> Iterator[Server]:
     """A real `vllm serve` of `model` on loopback with BASE_FLAGS and `flags` (and
     `--api-key` when `api_key` is given); ready when it yields (its /health answered
-    200), killed with its children when done."""
+    200), killed with its children when done. With `writer_root`, the server is
+    `orchestrator-vllm serve` with that payload root (installed by `install_writer`)."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"vllm-{port}.log"
@@ -151,10 +172,18 @@ def vllm_server(
         **(env or {}),
     }
     environment.pop("VIRTUAL_ENV", None)
+    launcher = (
+        [str(vllm_python()), str(HERE / "serve.py"), str(model)]
+        if writer_root is None
+        else [
+            str(vllm_python().parent / "orchestrator-vllm"),
+            "serve",
+            str(model),
+            f"--payload-root={writer_root}",
+        ]
+    )
     command = [
-        str(vllm_python()),
-        str(HERE / "serve.py"),
-        str(model),
+        *launcher,
         "--host=127.0.0.1",
         f"--port={port}",
         *BASE_FLAGS,

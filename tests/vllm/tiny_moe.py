@@ -3,6 +3,7 @@ the demo's tokenizer, made here, never downloaded. Runs in the stage's venv (tor
 
     python tiny_moe.py build OUT TOKENIZER_DIR     # config.json, model.safetensors, tokenizer
     python tiny_moe.py build-dense OUT TOKENIZER_DIR   # the same without experts
+    python tiny_moe.py build-wide OUT TOKENIZER_DIR    # 48 layers, top-8 of 128 experts
     python tiny_moe.py reference MODEL_DIR < job.json > answer.json
 
 `reference` answers what `transformers` computes from a checkpoint, for the tests to
@@ -60,16 +61,25 @@ DENSE = {
         "moe_intermediate_size",
     }
 } | {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}
+#: The routing shape of a real MoE (Qwen3-30B-A3B: 48 layers, top-8 of 128 experts) on
+#: the tiny model's hidden size, for measuring payload sizes at real routing widths.
+WIDE = CONFIG | {
+    "num_hidden_layers": 48,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "max_position_embeddings": 8192,
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 SEED = 1234
 
 
-def build(out: Path, tokenizer_dir: Path, *, dense: bool = False) -> None:
+def build(out: Path, tokenizer_dir: Path, *, kind: str = "moe") -> None:
     torch.manual_seed(SEED)
-    if dense:
+    if kind == "dense":
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**DENSE))
     else:
-        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**CONFIG))
+        shape = WIDE if kind == "wide" else CONFIG
+        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**shape))
     model = model.to(torch.float32)
     # Random init gives every logit nearly the same value; a wider spread makes greedy
     # decoding and routing decisive, so that a server and transformers agree on them.
@@ -114,10 +124,13 @@ def reference(model_dir: Path, job: dict) -> dict:
     return answer
 
 
+BUILDS = {"build": "moe", "build-dense": "dense", "build-wide": "wide"}
+
+
 def main() -> int:
     command, *args = sys.argv[1:]
-    if command in ("build", "build-dense"):
-        build(Path(args[0]), Path(args[1]), dense=command == "build-dense")
+    if command in BUILDS:
+        build(Path(args[0]), Path(args[1]), kind=BUILDS[command])
     elif command == "reference":
         json.dump(reference(Path(args[0]), json.load(sys.stdin)), sys.stdout)
     else:
