@@ -8,7 +8,7 @@ Without `ORCH_VLLM_PYTHON` these tests are not collected at all (tests/conftest.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,23 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _vllm_kit import Server, tiny_model, vllm_server
+
+#: The figures the tests measured (routing rows compared, ...), printed once at the end
+#: of the session instead of with every passed test's captured output.
+FIGURES: list[str] = []
+
+
+@pytest.fixture
+def figure() -> Callable[[str], None]:
+    """Record one line of the stage's figures."""
+    return FIGURES.append
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if FIGURES:
+        terminalreporter.section("figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

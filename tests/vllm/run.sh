@@ -18,4 +18,4 @@ export ORCH_VLLM_PYTHON="$python"
 if [ "$what" = demo ]; then
     exec ${RUN:-uv run --frozen --python python3} python tests/vllm/demo_vllm.py "$@"
 fi
-exec ${RUN:-uv run --frozen --python python3} pytest -q -rP tests/vllm "$@"
+exec ${RUN:-uv run --frozen --python python3} pytest -q tests/vllm "$@"

@@ -8,7 +8,7 @@ the wrong cause), each a test."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -72,7 +72,9 @@ def test_the_reply_has_the_captured_form(eager_server: Server, model: Path) -> N
     assert start == 0 and ids.shape == (len(prompt) + len(turn.completion_ids) - 1, 2, 2)
 
 
-def test_routing_rows_are_the_routers_top_k(eager_server: Server, model: Path) -> None:
+def test_routing_rows_are_the_routers_top_k(
+    eager_server: Server, model: Path, figure: Callable[[str], None]
+) -> None:
     tokenizer = ChatTokenizer.load(model)
     prompt = tokenizer.render_prompt([{"role": "user", "content": "What is 17 + 25?"}]).tolist()
     reply = generate(eager_server, greedy_body(prompt, 24))
@@ -98,7 +100,7 @@ def test_routing_rows_are_the_routers_top_k(eager_server: Server, model: Path) -
     # Every decisive row agrees; near-ties may go either way.
     assert rows_equal[decisive].all(), np.argwhere(~rows_equal & decisive)[:5]
     assert decisive.mean() > 0.9
-    print(
+    figure(
         f"routing vs transformers: {int(rows_equal.sum())} of {rows_equal.size} rows equal, "
         f"{int((~decisive).sum())} near-ties (margin < {NEAR_TIE}), "
         f"{int((rows_equal | ~decisive).sum())} agree or tie"
@@ -124,7 +126,11 @@ def make_game():
 
 
 async def test_multi_turn_episodes_replay_only_the_new_rows_and_match_the_router(
-    eager_server: Server, model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    eager_server: Server,
+    model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    figure: Callable[[str], None],
 ) -> None:
     # Three turns a rollout, each later prompt bridged onto the sampled ids and asking for
     # routing from routed_experts_prompt_start only; the weights stay the base model's
@@ -156,7 +162,7 @@ async def test_multi_turn_episodes_replay_only_the_new_rows_and_match_the_router
     rows_equal = (served == want).all(axis=-1)
     assert rows_equal[decisive].all(), np.argwhere(~rows_equal & decisive)[:5]
     equal, rows = int(rows_equal.sum()), rows_equal.size
-    print(f"multi-turn routing vs transformers: {equal} of {rows} rows equal")
+    figure(f"multi-turn routing vs transformers: {equal} of {rows} rows equal")
 
 
 async def run_against(server: Server, model: Path, run_dir: Path, steps: int, *more: str):

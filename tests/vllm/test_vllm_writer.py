@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -68,7 +68,9 @@ def body(request_id: str, prompt: list[int], seed: int, payload_dir: Path | None
     return request
 
 
-def test_rows_by_handle_equal_the_inline_rows(writer_server: Server, shared: Path) -> None:
+def test_rows_by_handle_equal_the_inline_rows(
+    writer_server: Server, shared: Path, figure: Callable[[str], None]
+) -> None:
     payload_dir = shared / "v0"
     compared = rows = 0
     for length in (16, 300, 1500):
@@ -97,7 +99,7 @@ def test_rows_by_handle_equal_the_inline_rows(writer_server: Server, shared: Pat
             assert np.array_equal(got, want)
             compared += 1
             rows += len(want)
-    print(f"by handle vs inline, same requests and seeds: {rows} of {rows} rows equal")
+    figure(f"by handle vs inline, same requests and seeds: {rows} of {rows} rows equal")
     assert compared == 9
 
 
@@ -189,7 +191,11 @@ async def test_the_daemon_runs_by_handle_against_the_writer(
 
 
 async def test_the_routing_trained_on_by_handle_is_the_routing_inline(
-    writer_server: Server, model: Path, shared: Path, tmp_path: Path
+    writer_server: Server,
+    model: Path,
+    shared: Path,
+    tmp_path: Path,
+    figure: Callable[[str], None],
 ) -> None:
     # Two runs of the same seeds, one by handle through the writer, one inline; with a
     # staleness bound that collects nothing in 3 steps, every batch can be read after.
@@ -211,7 +217,7 @@ async def test_the_routing_trained_on_by_handle_is_the_routing_inline(
     assert len(same) >= len(by_handle) // 2, (len(same), len(by_handle))
     equal = sum(np.array_equal(by_handle[rid][1], inline[rid][1]) for rid in same)
     rows = sum(len(by_handle[rid][1]) for rid in same)
-    print(
+    figure(
         f"daemon by handle vs inline: {equal} of {len(same)} samples with the same tokens "
         f"have equal routing ({rows} rows; {len(by_handle)} samples by handle)"
     )
