@@ -48,7 +48,7 @@ class RoutingShape:
 
 #: Rows `repeated_ids_problem` looks at: evenly spread over the turn, so a fault of the
 #: server (the same for every row) is seen at once, at a cost that stays small on the loop.
-CHECKED_ROUTING_ROWS = 64
+CHECKED_ROUTING_ROWS = 16
 
 
 def repeated_ids_problem(ids: np.ndarray, first_position: int) -> str | None:
@@ -60,16 +60,23 @@ def repeated_ids_problem(ids: np.ndarray, first_position: int) -> str | None:
     `--enforce-eager`) and what a capture hook that was never attached leaves behind."""
     if ids.ndim != 3 or ids.shape[2] < 2 or not ids.shape[0]:
         return None
-    count = ids.shape[0]
-    picked = np.unique(np.linspace(0, count - 1, min(count, CHECKED_ROUTING_ROWS)).astype(np.int64))
-    rows = np.sort(ids[picked], axis=-1)
-    repeats = (rows[..., 1:] == rows[..., :-1]).any(axis=-1)  # [picked, layers]
-    if not repeats.any():
+    count, checked = ids.shape[0], CHECKED_ROUTING_ROWS
+    picked = (
+        np.arange(count) if count <= checked else np.arange(checked) * (count - 1) // (checked - 1)
+    )
+    rows = ids if count <= checked else ids[picked]
+    # Every pair of a row's k entries is some entry and the one `shift` places after it:
+    # k - 1 whole-array comparisons, no sort (this runs for every turn, on the loop).
+    shifts = range(1, ids.shape[2])
+    if not any((rows[..., shift:] == rows[..., :-shift]).any() for shift in shifts):
         return None
+    repeats = np.zeros(rows.shape[:2], dtype=bool)  # [picked, layers]
+    for shift in shifts:
+        repeats |= (rows[..., shift:] == rows[..., :-shift]).any(axis=-1)
     index, layer = (int(v) for v in np.argwhere(repeats)[0])
     position = first_position + int(picked[index])
     row = ids[picked[index], layer].tolist()
-    if not ids[picked].any():
+    if not rows.any():
         cause = (
             "all-zero routing: a vLLM CPU server compiled, not run with --enforce-eager, "
             "or a capture hook not attached"

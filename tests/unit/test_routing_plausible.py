@@ -20,13 +20,14 @@ def distinct_rows(positions: int, layers: int = 2, top_k: int = 2, experts: int 
 
 
 def test_distinct_rows_pass_and_a_repeat_is_named_with_its_position() -> None:
-    ids = distinct_rows(40)
+    # A turn of at most CHECKED_ROUTING_ROWS positions has every row checked.
+    ids = distinct_rows(CHECKED_ROUTING_ROWS)
     assert repeated_ids_problem(ids, 16) is None
-    ids[39, 1] = [5, 5]
+    ids[7, 1] = [5, 5]
     problem = repeated_ids_problem(ids, 16)
     assert problem is not None
-    assert "position 55, layer 1: [5, 5]" in problem
-    assert "1 of 80 rows checked" in problem
+    assert "position 23, layer 1: [5, 5]" in problem
+    assert f"1 of {CHECKED_ROUTING_ROWS * 2} rows checked" in problem
     assert problem.startswith("routing no router chose: a broken capture")
 
 
