@@ -283,3 +283,13 @@ def test_the_command_refuses_a_vllm_it_does_not_know(
     # The writer's flags are its own; vLLM's (and any prefix of one) go through.
     assert argv == ["vllm", "serve", "model", "--port=1", "--pay", "--middleware", cli.MIDDLEWARE]
     assert os.environ["ORCH_VLLM_PAYLOAD_ROOT"] == str(tmp_path)
+
+
+@pytest.mark.parametrize("reply", [{"unexpected": 1}, {"choices": "no list"}, {"choices": [7]}])
+def test_a_reply_the_writer_does_not_know_goes_back_as_vllm_sent_it(
+    root: Path, reply: dict[str, Any]
+) -> None:
+    _, app = writer(root, reply)
+    status, _, data = call(app, json.dumps(request(str(root / "v0"))).encode())
+    assert (status, json.loads(data)) == (200, reply)
+    assert list(root.iterdir()) == []

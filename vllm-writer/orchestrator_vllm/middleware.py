@@ -118,9 +118,10 @@ class PayloadWriter:
         try:
             reply = json.loads(body)
             choices = reply["choices"]
-            assert isinstance(choices, list)
-        except (ValueError, KeyError, TypeError, AssertionError):
+        except (ValueError, KeyError, TypeError):
             return 200, body  # not a reply this writer knows: the client will see
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            return 200, body
         try:
             dir_fd, created = open_payload_dir(self.settings.root, request.payload_dir)
         except PayloadDirRefused as exc:
