@@ -1,7 +1,8 @@
 """Real vLLM servers for the stage's tests, its golden capture and `make demo-vllm`: the
 tiny model built once into the cache, `vllm serve` started on loopback with the flags a
 caller needs (`serve.py` runs vLLM's CLI), ready once its /health answers, killed with its
-children at the end; and what `transformers` computes from a checkpoint, for comparison.
+children at the end; what `transformers` computes from a checkpoint, for comparison; and
+the daemon's demo run against such a server, its invariants checked (`run_against`).
 
 `ORCH_VLLM_PYTHON` names the stage venv's python (`tests/vllm/vllm_env.py ensure`).
 """
@@ -23,10 +24,18 @@ from typing import Any
 
 import attrs
 import httpx
+import trio
+
+from orchestrator.commands.launch import launch_run
+from orchestrator.commands.summary import check_invariants
+from orchestrator.config import Config, load_config
+from orchestrator.daemon import RunOutcome
+from orchestrator.handoff import shipped_steps
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TOKENIZER = ROOT / "demo" / "model"
+DEMO = ROOT / "configs" / "demo.toml"
 #: The payload writer's distribution (`orchestrator-vllm`), pip-installed into the venv.
 WRITER = ROOT / "vllm-writer"
 VLLM_PYTHON_ENV = "ORCH_VLLM_PYTHON"
@@ -265,3 +274,23 @@ def against_vllm(run_dir: Path, server: Server, model: Path, *more: str) -> list
         "rewards.workers=1",
         *more,
     ]
+
+
+async def run_against(
+    server: Server, model: Path, run_dir: Path, steps: int, *more: str
+) -> tuple[Config, RunOutcome]:
+    """The demo's real tasks against `server` (`against_vllm`, then `more`) for `steps`
+    batches; every batch shipped and every invariant of the run held."""
+    config = load_config(DEMO, against_vllm(run_dir, server, model, f"max_steps={steps}", *more))
+    with trio.fail_after(600):
+        outcome = await launch_run(config)
+    assert shipped_steps(config.batches_dir) == list(range(1, steps + 1))
+    invariants = check_invariants(
+        batches_dir=config.batches_dir,
+        payload_root=config.payload_root,
+        trainer_report=config.run_dir / "trainer" / "report.json",
+        last_step=steps,
+        bound=outcome.state.versions.collected_below,
+    )
+    assert all(invariant.held is True for invariant in invariants), invariants
+    return config, outcome

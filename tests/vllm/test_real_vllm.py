@@ -16,13 +16,20 @@ import numpy as np
 import pytest
 import structlog.testing
 import trio
-from _vllm_kit import Server, against_vllm, generate, reference, tiny_model, vllm_server
+from _vllm_kit import (
+    Server,
+    against_vllm,
+    generate,
+    reference,
+    run_against,
+    tiny_model,
+    vllm_server,
+)
 
 from orchestrator.commands.launch import launch_run
-from orchestrator.commands.summary import check_invariants
 from orchestrator.config import load_config
 from orchestrator.daemon.inference.client import load_weights
-from orchestrator.handoff import BATCH_FILE, read_batch, read_batch_file, shipped_steps
+from orchestrator.handoff import BATCH_FILE, read_batch, read_batch_file
 from orchestrator.tasks.chat import ChatTokenizer
 from orchestrator.wire import build_generate_request, parse_generate_response, weight_update_plan
 
@@ -163,22 +170,6 @@ async def test_multi_turn_episodes_replay_only_the_new_rows_and_match_the_router
     assert rows_equal[decisive].all(), np.argwhere(~rows_equal & decisive)[:5]
     equal, rows = int(rows_equal.sum()), rows_equal.size
     figure(f"multi-turn routing vs transformers: {equal} of {rows} rows equal")
-
-
-async def run_against(server: Server, model: Path, run_dir: Path, steps: int, *more: str):
-    config = load_config(DEMO, against_vllm(run_dir, server, model, f"max_steps={steps}", *more))
-    with trio.fail_after(600):
-        outcome = await launch_run(config)
-    assert shipped_steps(config.batches_dir) == list(range(1, steps + 1))
-    invariants = check_invariants(
-        batches_dir=config.batches_dir,
-        payload_root=config.payload_root,
-        trainer_report=config.run_dir / "trainer" / "report.json",
-        last_step=steps,
-        bound=outcome.state.versions.collected_below,
-    )
-    assert all(invariant.held is True for invariant in invariants), invariants
-    return config, outcome
 
 
 async def test_a_run_trains_on_real_tasks_with_routing_past_its_first_version(

@@ -13,14 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import trio
-from _vllm_kit import Server, against_vllm, generate, install_writer, vllm_server
+from _vllm_kit import Server, generate, install_writer, run_against, vllm_server
 from payload_gc import PayloadRootFiles
 
-from orchestrator.commands.launch import launch_run
-from orchestrator.commands.summary import check_invariants
-from orchestrator.config import load_config
-from orchestrator.handoff import read_batch, shipped_steps
+from orchestrator.handoff import read_batch
 from orchestrator.payload import read_rows
 from orchestrator.wire import build_generate_request, parse_generate_response
 
@@ -126,31 +122,9 @@ def test_the_server_refuses_a_hostile_payload_dir(
 
 
 async def run(server: Server, model: Path, run_dir: Path, steps: int, *more: str):
-    config = load_config(
-        DEMO,
-        against_vllm(
-            run_dir,
-            server,
-            model,
-            f"max_steps={steps}",
-            # The weights stay the base checkpoint (vLLM 0.30.0 cannot reload MoE experts),
-            # so two runs of the same seeds sample the same tokens.
-            'inference.weight_update="none"',
-            *more,
-        ),
-    )
-    with trio.fail_after(600):
-        outcome = await launch_run(config)
-    assert shipped_steps(config.batches_dir) == list(range(1, steps + 1))
-    invariants = check_invariants(
-        batches_dir=config.batches_dir,
-        payload_root=config.payload_root,
-        trainer_report=config.run_dir / "trainer" / "report.json",
-        last_step=steps,
-        bound=outcome.state.versions.collected_below,
-    )
-    assert all(invariant.held is True for invariant in invariants), invariants
-    return config, outcome
+    # The weights stay the base checkpoint (vLLM 0.30.0 cannot reload MoE experts), so
+    # two runs of the same seeds sample the same tokens.
+    return await run_against(server, model, run_dir, steps, 'inference.weight_update="none"', *more)
 
 
 def routing_by_rollout(batches_dir: Path, steps: int) -> dict[str, tuple[list[int], np.ndarray]]:
