@@ -11,10 +11,12 @@ setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	@$(UV) sync --frozen --python python3 --quiet
 
-# The demo always starts a fresh run: its run directory is thrown away first.
+# The demo always starts a fresh run: its run directory is thrown away first. It ends
+# with its training curves in run/demo/report.html (open it in a browser).
 demo: setup
 	rm -rf run/demo
 	$(RUN) orchestrator run --config configs/demo.toml
+	$(RUN) orchestrator report --config configs/demo.toml
 
 # The demo with disaggregated prefill/decode: each local server is a router in front of a
 # prefill and a decode server, payloads by handle from both sides.

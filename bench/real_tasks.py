@@ -161,6 +161,8 @@ def workload_overrides(kind: str, data: Path) -> list[str]:
     common = [
         f'model.tokenizer="{MODEL}"',
         f'env.1.dataset="{ROOT / "demo/data/chat.jsonl"}"',
+        # Training's throughput alone: evals have their own figures.
+        "eval.env=[]",
         "rewards.workers=1",
     ]
     if kind == "tasks-demo":

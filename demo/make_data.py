@@ -4,6 +4,8 @@
   with +, - and the multiplication sign on small numbers (answers are never negative).
 - `data/chat.jsonl`: 100 rows with a `messages` column (a system and a user message) and
   an `answer` column, for a second environment that starts from a conversation.
+- `data/arith_eval.jsonl`: 64 held-out problems like `arith.jsonl`'s, none of its
+  questions among them, for the demo's evals.
 
 Running it again writes the same bytes; `tests/unit/test_task_chat.py` checks that the
 committed files are what this script produces.
@@ -19,6 +21,7 @@ from pathlib import Path
 DATA_DIR = Path(__file__).resolve().parent / "data"
 ARITH_ROWS = 400
 CHAT_ROWS = 100
+EVAL_ROWS = 64
 SEED = 20240611
 
 TIMES = "\N{MULTIPLICATION SIGN}"
@@ -71,6 +74,18 @@ def chat_rows(rng: random.Random) -> Iterator[dict[str, object]]:
         yield {"messages": messages, "answer": str(answer)}
 
 
+def held_out_rows(rng: random.Random, seen: set[str]) -> Iterator[dict[str, object]]:
+    """`EVAL_ROWS` problems whose questions are not in `seen`."""
+    rows = 0
+    while rows < EVAL_ROWS:
+        question, answer = _problem(rng)
+        if question in seen:
+            continue
+        seen.add(question)
+        rows += 1
+        yield {"question": question, "answer": str(answer)}
+
+
 def render_jsonl(rows: Iterator[dict[str, object]]) -> str:
     return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
@@ -78,9 +93,14 @@ def render_jsonl(rows: Iterator[dict[str, object]]) -> str:
 def datasets() -> dict[str, str]:
     """The file name and text of each dataset, from one seeded generator."""
     rng = random.Random(SEED)
-    arith = render_jsonl(arith_rows(rng))
+    train = list(arith_rows(rng))
     chat = render_jsonl(chat_rows(rng))
-    return {"arith.jsonl": arith, "chat.jsonl": chat}
+    held_out = render_jsonl(held_out_rows(rng, {str(row["question"]) for row in train}))
+    return {
+        "arith.jsonl": render_jsonl(iter(train)),
+        "chat.jsonl": chat,
+        "arith_eval.jsonl": held_out,
+    }
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "run": "orchestrator.commands.run",
     "gc": "orchestrator.commands.gc",
     "status": "orchestrator.commands.status",
+    "report": "orchestrator.commands.report",
     "check-config": "orchestrator.commands.check_config",
     "sim-inference": "orchestrator.commands.sim_inference",
     "sim-trainer": "orchestrator.commands.sim_trainer",

@@ -135,7 +135,7 @@ def _lag_causes(f: Figures, rows: list[tuple[float, float, str]], busy: float) -
             f"Garbage collection is not it (the longest took {ms(f.gc_worst_s)}, "
             f"{heap.frozen:,} objects frozen out of it). "
         )
-    skip = ("run_daemon", "_run_member ", "_run_rollout ", "serve (", "_run_group ", "<")
+    skip = ("run_daemon", "_run_member ", "_run_rollout ", "run (", "serve (", "_run_group ", "<")
     ours = [
         (cumulative, name)
         for _, cumulative, name in sorted(rows, key=lambda r: -r[1])
@@ -228,7 +228,7 @@ def lag_analysis(figures: list[Figures], profiled: SizeResult) -> list[str]:
     busy = sum(own for own, _, _ in rows) - idle
     ours = [row for row in sorted(rows, key=lambda r: -r[1]) if "orchestrator/" in row[2]]
     # Entry points and the dispatcher's own loops say nothing about what costs.
-    skip = ("run_daemon", "_run_member ", "_run_rollout ", "serve (", "_run_group ")
+    skip = ("run_daemon", "_run_member ", "_run_rollout ", "run (", "serve (", "_run_group ")
     ours = [row for row in ours if not any(word in row[2] for word in skip)]
     lines += [
         "",

@@ -23,7 +23,7 @@ from orchestrator.daemon.inference.credentials import load_bearer_token
 from orchestrator.handoff import handoff_format
 from orchestrator.sim.environments import toy_environment
 from orchestrator.sim.fleet import serve_local_fleet
-from orchestrator.tasks.build import open_task_environment
+from orchestrator.tasks.build import Tasks, open_tasks
 
 
 def toy_environment_of(config: Config) -> Environment:
@@ -41,13 +41,15 @@ def toy_environment_of(config: Config) -> Environment:
 
 
 @asynccontextmanager
-async def open_environment(config: Config) -> AsyncIterator[Environment]:
-    """The run's environment: its `[[env]]`s' real tasks, or the toy one."""
-    if not config.env:
-        yield toy_environment_of(config)
+async def open_environment(config: Config) -> AsyncIterator[Tasks]:
+    """The run's environment (its `[[env]]`s' real tasks, or the toy one) and its eval
+    tasks (`[[eval.env]]`)."""
+    if not config.env and not config.eval.env:
+        yield Tasks(toy_environment_of(config))
         return
-    async with open_task_environment(config) as environment:
-        yield environment
+    async with open_tasks(config) as tasks:
+        environment = tasks.environment or toy_environment_of(config)
+        yield Tasks(environment, tasks.evals)
 
 
 async def launch_run(
@@ -57,19 +59,21 @@ async def launch_run(
     metrics_sockets: Sequence[socket.socket] = (),
     task_status: trio.TaskStatus[RunState] = trio.TASK_STATUS_IGNORED,
 ) -> RunOutcome:
-    """Read the servers' bearer token, open the run's environment, start the local fleet
-    `config` asks for (if any), run the daemon against it and the `[inference] urls`, stop
-    the fleet when the daemon returns. Raises `UserError` for a token or tasks that do not
-    load (before anything starts), and what `run_daemon` raises, unwrapped from this
-    function's own nursery."""
+    """Read the servers' bearer token, open the run's environment and eval tasks, start
+    the local fleet `config` asks for (if any), run the daemon against it and the
+    `[inference] urls`, stop the fleet when the daemon returns. Raises `UserError` for a
+    token or tasks that do not load (before anything starts), and what `run_daemon`
+    raises, unwrapped from this function's own nursery."""
     token = await trio.to_thread.run_sync(load_bearer_token, config.inference)
     try:
-        async with open_environment(config) as environment, trio.open_nursery() as nursery:
+        async with open_environment(config) as tasks, trio.open_nursery() as nursery:
             fleet: list[str] = await nursery.start(serve_local_fleet, config)
+            assert tasks.environment is not None
             outcome = await run_daemon(
                 config,
                 servers=[*config.inference.urls, *fleet],
-                environment=environment,
+                environment=tasks.environment,
+                evals=tasks.evals,
                 handoff=handoff_format(config.trainer.format),
                 token=token,
                 stop=stop,

@@ -152,7 +152,20 @@ def summary_data(
             }
             for name, tally in sorted((by_env or {}).items())
         },
+        "evals": _evals_data(state),
         "invariants": [attrs.asdict(i) for i in invariants],
+    }
+
+
+def _evals_data(state: RunState) -> dict[str, Any] | None:
+    """The run's evals: how many, their failures, and the last one's line (None: no eval)."""
+    evaluation = state.evaluation
+    if evaluation.last is None:
+        return None
+    return {
+        "evals": evaluation.evals,
+        "failures": dict(evaluation.failures),
+        "last": evaluation.last.to_json(),
     }
 
 
@@ -185,6 +198,17 @@ def render_summary(data: dict[str, Any]) -> str:
             f"env {name or '(unnamed)':<10} mean reward {mean} over {env['scored']} rollouts, "
             f"{env['shipped']} samples shipped; discards {pairs(env['discards'])}{skipped}"
         )
+    evals = data.get("evals")
+    if evals:
+        last = evals["last"]
+        for name, env in last["envs"].items():
+            mean = "n/a" if env["reward_mean"] is None else f"{env['reward_mean']:.3f}"
+            passes = ", ".join(f"pass@{k} {v:.3f}" for k, v in (env["pass_at"] or {}).items())
+            lines.append(
+                f"eval {name:<9} v{last['version']}: mean reward {mean} over {env['samples']} "
+                f"samples{', ' + passes if passes else ''}; {env['failed']} failed "
+                f"({evals['evals']} evals in evals.jsonl)"
+            )
     lines.append("invariants")
     if data.get("stopped_by"):
         how = "at once (second signal)" if data.get("forced_by") else "gracefully"

@@ -20,6 +20,7 @@ from orchestrator.config.errors import ConfigError, InvalidValue, first_problem
 from orchestrator.config.sections import BatchConfig as BatchConfig
 from orchestrator.config.sections import Config as Config
 from orchestrator.config.sections import EnvConfig as EnvConfig
+from orchestrator.config.sections import EvalConfig as EvalConfig
 from orchestrator.config.sections import FinalTokenRoute as FinalTokenRoute
 from orchestrator.config.sections import InferenceConfig as InferenceConfig
 from orchestrator.config.sections import MetricsConfig as MetricsConfig
@@ -47,6 +48,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "EnvConfig",
+    "EvalConfig",
     "FinalTokenRoute",
     "InferenceConfig",
     "MetricsConfig",

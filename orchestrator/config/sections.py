@@ -338,6 +338,33 @@ class EnvConfig:
 
 
 @attrs.frozen
+class EvalConfig:
+    """Evals beside training (`[eval]` with its `[[eval.env]]`s): the policy's rewards on
+    held-out tasks, at the versions the schedule names (docs/design.md § Evals). No
+    `[[eval.env]]`, no evals. The keys follow prime-rl's `[orchestrator.eval]`."""
+
+    # Every this many policy versions (0: only the base model, the last version and a
+    # resumed run's first).
+    interval: int = attrs.field(default=0, validator=at_least(0))
+    # Prompts per env and eval, the same ones every time (-1: every row of its dataset).
+    num_examples: int = attrs.field(default=-1, validator=at_least(-1))
+    # Samples per prompt (pass@k is reported for k up to it where rewards are 0/1).
+    rollouts_per_example: int = attrs.field(default=1, validator=at_least(1))
+    # Evaluate version 0, the weights training starts from.
+    eval_base_model: bool = True
+    # A resumed run does not evaluate the version it resumes at.
+    skip_eval_on_resume: bool = False
+    # The share of the in-flight limit eval requests may take while training runs: a
+    # batch is never delayed by more than this share of the fleet.
+    inflight_share: float = attrs.field(default=0.25, validator=[greater_than(0), fraction])
+    env: tuple[EnvConfig, ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.env)
+
+
+@attrs.frozen
 class SimConfig:
     """The local simulation: inference servers, trainer, model shape and injected faults."""
 
@@ -448,6 +475,7 @@ class Config:
     model: ModelConfig = attrs.field(factory=ModelConfig)
     env: tuple[EnvConfig, ...] = ()
     rewards: RewardsConfig = attrs.field(factory=RewardsConfig)
+    eval: EvalConfig = attrs.field(factory=EvalConfig)
     sim: SimConfig = attrs.field(factory=SimConfig)
     metrics: MetricsConfig = attrs.field(factory=MetricsConfig)
     progress: ProgressConfig = attrs.field(factory=ProgressConfig)
@@ -497,10 +525,11 @@ class Config:
     @property
     def max_completion_tokens(self) -> int:
         """The longest completion any request asks for: the largest `max_tokens` of the
-        `[[env]]`s, or the toy environment's (`sim.max_tokens`)."""
+        `[[env]]`s (or the toy environment's, `sim.max_tokens`) and `[[eval.env]]`s."""
+        evals = [env.max_tokens for env in self.eval.env]
         if self.env:
-            return max(env.max_tokens for env in self.env)
-        return self.sim.max_tokens
+            return max([*evals, *(env.max_tokens for env in self.env)])
+        return max([self.sim.max_tokens, *evals])
 
     @property
     def max_context_tokens(self) -> int:
@@ -512,6 +541,17 @@ class Config:
             )
         sim = self.sim
         return max(self.batch.max_seq_len, sim.prompt_len_max + sim.max_turns * sim.max_tokens)
+
+    @property
+    def evals_file(self) -> Path:
+        """Where each eval's results are appended, one JSON line each: `<run_dir>/evals.jsonl`."""
+        return self.run_dir / "evals.jsonl"
+
+    @property
+    def steps_file(self) -> Path:
+        """Where each shipped batch's figures are appended, one JSON line each:
+        `<run_dir>/steps.jsonl` (what `orchestrator report` draws)."""
+        return self.run_dir / "steps.jsonl"
 
     @property
     def state_dir(self) -> Path:
@@ -649,27 +689,36 @@ def _check_trainer_format(config: Config) -> None:
 
 
 def _check_envs(config: Config) -> None:
-    names = [env.name for env in config.env]
-    for index, name in enumerate(names):
-        if name in names[:index]:
+    for section, envs in (("env", config.env), ("eval.env", config.eval.env)):
+        names = [env.name for env in envs]
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                raise InvalidValue(
+                    f"names another [[{section}]] already: each env needs its own name",
+                    value=name,
+                    key=f"{section}[{index}].name",
+                )
+        if envs and config.model.tokenizer is None:
             raise InvalidValue(
-                "names another [[env]] already: each env needs its own name",
-                value=name,
-                key=f"env[{index}].name",
+                f"must name the model's local tokenizer folder: [[{section}]] prompts are "
+                f"rendered with its chat template (env {names[0]!r})",
+                key="model.tokenizer",
             )
-    if config.env and config.model.tokenizer is None:
-        raise InvalidValue(
-            "must name the model's local tokenizer folder: [[env]] prompts are rendered "
-            f"with its chat template (env {names[0]!r})",
-            key="model.tokenizer",
-        )
-    for index, env in enumerate(config.env):
-        if env.dataset is not None and env.max_tokens >= config.batch.max_seq_len:
+        for index, env in enumerate(envs):
+            if env.dataset is not None and env.max_tokens >= config.batch.max_seq_len:
+                raise InvalidValue(
+                    f"must be below batch.max_seq_len ({config.batch.max_seq_len}): the "
+                    "prompt needs room too",
+                    value=env.max_tokens,
+                    key=f"{section}[{index}].max_tokens",
+                )
+    for index, env in enumerate(config.eval.env):
+        if env.factory is not None and config.eval.num_examples < 1:
             raise InvalidValue(
-                f"must be below batch.max_seq_len ({config.batch.max_seq_len}): the prompt "
-                "needs room too",
-                value=env.max_tokens,
-                key=f"env[{index}].max_tokens",
+                "must be set (at least 1) for a plugin env: its prompts have no count "
+                f"(eval.env[{index}] {env.name!r})",
+                value=config.eval.num_examples,
+                key="eval.num_examples",
             )
 
 

@@ -36,7 +36,7 @@ def config_to_toml(config: Config) -> str:
 
 def _table_to_toml(name: str, table: dict[str, Any], config: Config) -> str:
     defaults = _default_directories(config)
-    present = {key: value for key, value in table.items() if value is not None}
+    present = {key: _without_nones(value) for key, value in table.items() if value is not None}
     comments = [
         f"# {key} is not set: it defaults to {defaults.get(f'{name}.{key}', 'nothing')}\n"
         for key, value in table.items()
@@ -46,7 +46,8 @@ def _table_to_toml(name: str, table: dict[str, Any], config: Config) -> str:
 
 
 def _without_nones(value: object) -> object:
-    """An array of tables (`[[env]]`) without its unset keys (TOML has no null)."""
+    """An array of tables (`[[env]]`, `[[eval.env]]`) without its unset keys (TOML has
+    no null)."""
     if isinstance(value, list | tuple) and all(isinstance(item, dict) for item in value):
         return [{k: v for k, v in item.items() if v is not None} for item in value]
     return value

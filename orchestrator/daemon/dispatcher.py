@@ -1,4 +1,5 @@
-"""The dispatcher: starts GRPO groups, runs their rollouts turn by turn, hands results on.
+"""The dispatcher: starts GRPO groups, runs their rollouts (`rollout_runner.py`), scores
+them and hands the results on.
 
 Each group is `group_size` rollouts of one prompt, pinned to one inference server. Every
 rollout is stamped with the applied version `k` at its dispatch and writes its payload
@@ -9,12 +10,9 @@ collector and to the sink's stale accounting).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
-from pathlib import Path
 
 import attrs
-import numpy as np
 import structlog
 import trio
 import trio.lowlevel
@@ -22,29 +20,15 @@ from payload_gc import PayloadGCError, PayloadRootFiles
 
 from orchestrator.config import Config
 from orchestrator.core.admission import DispatchGate, Pipe
-from orchestrator.core.arrays import TOKEN_DTYPE
-from orchestrator.core.environments import (
-    Environment,
-    Episode,
-    Prompt,
-    PromptSkipped,
-    ScoreFailed,
-)
+from orchestrator.core.environments import Environment, Prompt, PromptSkipped, ScoreFailed
 from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult
 from orchestrator.core.samples import build_sample
 from orchestrator.core.sink import TrainSink
-from orchestrator.core.turns import TurnOutput
-from orchestrator.daemon.inference.client import (
-    TurnFiles,
-    check_turn_files,
-    encode_generate_request,
-    post_generate,
-)
+from orchestrator.daemon.inference.client import TurnFiles, check_turn_files
 from orchestrator.daemon.inference.http11 import HTTP11Client
 from orchestrator.daemon.inference.server_pool import ServerPool
+from orchestrator.daemon.rollout_runner import RolloutRun, RolloutRunner
 from orchestrator.daemon.run_state import InflightGroup, RunState
-from orchestrator.payload import RoutingShape, version_dir
-from orchestrator.wire import InferenceFailure, build_generate_request, parse_generate_response
 
 log = structlog.get_logger(__name__)
 
@@ -55,21 +39,6 @@ class Dispatched:
 
     at: float
     step: int
-
-
-@attrs.define
-class RolloutRun:
-    """A rollout while it runs: its turns so far, or why it failed."""
-
-    rollout_id: str
-    version: int
-    payload_dir: Path | None
-    tokens: np.ndarray  # int32: the prompt, then each turn's completion and env reply
-    turns: list[tuple[int, TurnOutput]] = attrs.field(factory=list)
-    failed: str | None = None
-    server: str = ""  # the inference server its group is pinned to
-    # Its conversation with the environment (the members of a group diverge).
-    episode: Episode | None = None
 
 
 @attrs.define
@@ -84,16 +53,15 @@ class Dispatcher:
     sink: TrainSink  # read for its count of queued samples
     file_limiter: trio.CapacityLimiter
     pool: ServerPool
-    # The last version's payload directory: one Path per version, not one per rollout.
-    _last_payload_dir: tuple[int, Path] | None = None
-    # Whether rollouts write payload files (decided by the config once, not per rollout).
-    _writes_files: bool = attrs.field(init=False)
     _gate: DispatchGate = attrs.field(init=False)
+    _runner: RolloutRunner = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        config = self.config
-        self._writes_files = config.by_handle and bool(config.payload.fields)
+        config, state = self.config, self.state
         self._gate = DispatchGate(config.staleness, config.batch.size, config.batch.group_size)
+        self._runner = RolloutRunner(
+            config, state, self.client, self.pool, state.dispatch.rejections, capture=True
+        )
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start groups until cancelled, drawing the environment's prompts from
@@ -150,7 +118,8 @@ class Dispatcher:
         pipe = Pipe(
             applied_version=state.versions.applied,
             next_step=state.shipping.next_step,
-            inflight_rollouts=state.dispatch.inflight_rollouts,
+            # Eval rollouts take their share of the limit (docs/design.md § Evals).
+            inflight_rollouts=state.dispatch.inflight_rollouts + state.evaluation.inflight,
             queued_samples=self.sink.queued_samples,
             limit=self.config.inference.max_inflight if limit is None else limit,
             min_allowance=state.limits.min_allowance,
@@ -306,89 +275,15 @@ class Dispatcher:
         prompt: Prompt,
     ) -> None:
         rollout_id = f"{group.group_id}-r{index}"
-        runs[index] = await self._run_rollout(rollout_id, prompt, group.server, group.stop)
-
-    async def _run_rollout(
-        self, rollout_id: str, prompt: Prompt, server: str, stop: trio.Event
-    ) -> RolloutRun:
-        config = self.config
-        version = self.state.versions.applied
-        payload_dir = self._payload_dir(version) if self._writes_files else None
-        tokens = np.asarray(prompt.token_ids, dtype=TOKEN_DTYPE)
         episode = self.environment.episode(prompt)
-        run = RolloutRun(rollout_id, version, payload_dir, tokens, server=server, episode=episode)
-        wants_routing = "routed_experts" in config.payload.fields
-        # Delta replay: each turn asks for routing rows from where the previous turn's
-        # rows ended (its last sampled token was never run forward), never for rows the
-        # rollout already holds.
-        routing_start = 0
-        sampling = prompt.sampling
-        for turn_index in range(sampling.max_turns):
-            if stop.is_set():
-                run.failed = "stopped: the group can no longer ship"
-                return run
-            # Encoded once, kept as bytes while the request is in flight (and retried): a
-            # list of thousands of Python ints would be work for every full collection.
-            body = encode_generate_request(
-                build_generate_request(
-                    request_id=f"{rollout_id}-t{turn_index}",
-                    token_ids=run.tokens,
-                    sampling=sampling,
-                    seed=_seed(config.seed, rollout_id, turn_index),
-                    payload_dir=payload_dir,
-                    routing_start=routing_start if wants_routing else None,
-                    model=config.inference.model,
-                )
-            )
-            try:
-                turn = await self._request_turn(
-                    server, body, len(run.tokens), routing_start, payload_dir, stop
-                )
-            except InferenceFailure as failure:
-                run.failed = str(failure)
-                return run
-            run.turns.append((len(run.tokens), turn))
-            try:
-                reply = await episode.reply(run.tokens, turn.completion_ids)
-            except Exception as exc:  # user code: it fails this rollout, never the daemon
-                detail = f"the environment failed after turn {turn_index} ({exc!r:.200})"
-                self.state.dispatch.rejections.record(
-                    "environment", server, detail, rollout=rollout_id
-                )
-                run.failed = detail
-                return run
-            if reply is None:
-                run.tokens = np.concatenate([run.tokens, turn.completion_ids])
-                break
-            run.tokens = np.concatenate(
-                [run.tokens, turn.completion_ids, np.asarray(reply, dtype=TOKEN_DTYPE)]
-            )
-            routing_start = len(run.tokens) - len(reply) - 1
-        return run
-
-    def _learn_routing_shape(self, turn: TurnOutput, server: str) -> None:
-        """With no routing shape configured, the first good reply with routing fixes it
-        for the run: every later reply must agree (docs/operations.md § Security model)."""
-        rows = _routing_row_shape(turn)
-        if rows is None or len(rows) != 2:
-            return
-        layers, top_k = rows
-        self.state.dispatch.routing_shape = RoutingShape(layers, top_k)
-        log.info(
-            "routing shape fixed by the first reply", server=server, layers=layers, top_k=top_k
-        )
-
-    def _payload_dir(self, version: int) -> Path:
-        if self._last_payload_dir is None or self._last_payload_dir[0] != version:
-            self._last_payload_dir = (version, version_dir(self.config.payload_root, version))
-        return self._last_payload_dir[1]
+        runs[index] = await self._runner.run(rollout_id, prompt, episode, group.server, group.stop)
 
     async def _finish(self, run: RolloutRun, prompt: Prompt) -> RolloutResult:
         """Score a finished rollout and build its sample."""
         config, dispatch = self.config, self.state.dispatch
         files = frozenset(f for _, turn in run.turns for f in turn.files)
         if run.failed is not None:
-            stopped = run.failed.startswith("stopped")
+            stopped = run.failure_kind == "stopped"
             dispatch.rollouts["stopped" if stopped else "failed"] += 1
             return RolloutResult(run.rollout_id, run.version, files=files, failed=run.failed)
         try:
@@ -439,73 +334,3 @@ class Dispatcher:
         return RolloutResult(
             run.rollout_id, run.version, reward=reward, samples=(sample,), files=files
         )
-
-    async def _request_turn(
-        self,
-        server: str,
-        body: bytes,
-        prompt_len: int,
-        routing_start: int,
-        payload_dir: Path | None,
-        stop: trio.Event,
-    ) -> TurnOutput:
-        """One turn, retried on transient failures with exponential backoff.
-
-        Each attempt has its own deadline. A reply that cannot be read is not asked for
-        again: the same server would answer the same way (the rejection is logged at
-        once with its reason). Raises the last `InferenceFailure`.
-        """
-        config = self.config
-        attempt = 0
-        while True:
-            try:
-                with trio.fail_after(config.inference.request_timeout_s):
-                    raw = await post_generate(self.client, server, body)
-                turn = parse_generate_response(
-                    raw,
-                    prompt_len=prompt_len,
-                    routing_start=routing_start,
-                    payload_dir=payload_dir,
-                    fields=config.payload.fields,
-                    routing_shape=self.state.dispatch.routing_shape,
-                )
-            except trio.TooSlowError:
-                failure = InferenceFailure("timeout", f"{server}: no answer in time")
-            except InferenceFailure as exc:
-                failure = exc
-            except Exception as exc:
-                # A parser bug met by a reply nobody foresaw: a rejected reply, never a
-                # crash of the daemon.
-                failure = InferenceFailure("malformed", f"unparseable reply ({exc!r:.200})")
-            else:
-                if turn.poisoned is not None:
-                    self.state.dispatch.rejections.record("poisoned_payload", server, turn.poisoned)
-                elif self.state.dispatch.routing_shape is None:
-                    self._learn_routing_shape(turn, server)
-                return turn
-            attempt += 1
-            retrying = (
-                failure.transient and attempt <= config.inference.retries and not stop.is_set()
-            )
-            self.state.dispatch.rejections.record(
-                failure.kind, server, failure.detail, attempt=attempt, retrying=retrying
-            )
-            if failure.kind == "connect":
-                self.pool.mark_down(server, failure.detail)
-            if not retrying:
-                raise failure
-            await trio.sleep(min(config.inference.retry_backoff_s * 2 ** (attempt - 1), 30.0))
-
-
-def _routing_row_shape(turn: TurnOutput) -> tuple[int, ...] | None:
-    """The row shape of the turn's routing, by handle or inline, if it has any."""
-    segment = turn.segments.get("routed_experts")
-    if segment is not None:
-        return segment.shape[1:]
-    inline = turn.inline.get("routed_experts")
-    return None if inline is None else inline[0].shape[1:]
-
-
-def _seed(run_seed: int, rollout_id: str, turn: int) -> int:
-    digest = hashlib.blake2b(f"{run_seed}/{rollout_id}/{turn}".encode(), digest_size=4)
-    return int.from_bytes(digest.digest(), "little")

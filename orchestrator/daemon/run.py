@@ -5,6 +5,7 @@
     policy watcher ── apply, collect, sweep
     dispatcher ──(GroupResult channel)──> admission: into the sink, delete discarded files
                                           shipper: assemble, publish, save progress
+    evaluator ─────── evals beside training, within their share of the in-flight limit
     stall watch, progress line, metrics endpoint
 
 The daemon is given what it runs against: the inference servers' URLs, the environment its
@@ -26,6 +27,7 @@ import trio
 
 from orchestrator.config import Config
 from orchestrator.core.environments import Environment
+from orchestrator.core.evals import EvalTask
 from orchestrator.core.rollouts import GroupResult
 from orchestrator.core.sink import TrainSink
 from orchestrator.daemon.admission import Admission
@@ -36,6 +38,7 @@ from orchestrator.daemon.ending import (
     stop_gracefully_when_asked,
     wait_until_trained,
 )
+from orchestrator.daemon.evaluation import Evaluator
 from orchestrator.daemon.inference.credentials import BearerToken
 from orchestrator.daemon.inference.http_clients import open_clients
 from orchestrator.daemon.inference.server_pool import ServerPool, serve_health_prober
@@ -116,6 +119,7 @@ async def run_daemon(
     servers: Sequence[str],
     environment: Environment,
     handoff: HandoffFormat,
+    evals: Sequence[EvalTask] = (),
     token: BearerToken | None = None,
     stop: Stop | None = None,
     metrics_sockets: Sequence[socket.socket] = (),
@@ -133,6 +137,7 @@ async def run_daemon(
     dispatching, at once before (see `orchestrator.daemon.stop`); the outcome says so.
     `metrics_sockets`: the metrics listener, bound beforehand. `token`: the servers'
     bearer token (`orchestrator.daemon.inference.credentials`), sent with every request.
+    `evals`: the tasks of `[[eval.env]]`, evaluated when `[eval]` says (none: no evals).
     """
     started = time.monotonic()
     state = RunState.new(
@@ -146,7 +151,15 @@ async def run_daemon(
             start = await trio.to_thread.run_sync(_find_start, config, handoff, state)
         await trio.lowlevel.checkpoint()  # a stop asked for already ends it here, nothing done
         await _serve(
-            services, start, servers, environment, token, stop, metrics_sockets, task_status
+            services,
+            start,
+            servers,
+            environment,
+            evals,
+            token,
+            stop,
+            metrics_sockets,
+            task_status,
         )
     stopped = stop is not None and scope.cancelled_caught
     if stop is not None and stopped:
@@ -183,6 +196,7 @@ async def _serve(
     start: StartPoint,
     servers: Sequence[str],
     environment: Environment,
+    evals: Sequence[EvalTask],
     token: BearerToken | None,
     stop: Stop | None,
     metrics_sockets: Sequence[socket.socket],
@@ -247,6 +261,18 @@ async def _serve(
             await nursery.start(services.admission.serve, receive)
             await nursery.start(services.shipper.serve)
             services.admission.start()
+            evaluator = None
+            if evals:
+                evaluator = Evaluator(
+                    config,
+                    state,
+                    evals,
+                    clients.generate,
+                    pool,
+                    services.file_limiter,
+                    resumed=start.resumed,
+                )
+                await nursery.start(evaluator.serve)
             await nursery.start(dispatcher.serve)
             figures = services.figures
             await nursery.start(
@@ -267,6 +293,9 @@ async def _serve(
             if config.max_steps:
                 await wait_until_trained(state, config.max_steps)
                 await drain_groups(state, config.inference.request_timeout_s)
+                if evaluator is not None:
+                    # The last version's eval, with the whole fleet now.
+                    await evaluator.wait_caught_up(config.max_steps)
                 # Stale groups stopped since the last collection wrote into versions
                 # below the bound until their last request returned: collect again.
                 await policy.collect(state.versions.applied)

@@ -8,6 +8,7 @@ number of readers:
 - `Shipping`: the shipper (the batch being filled);
 - `Dispatch`: the dispatcher (the groups in flight, outcomes, failures, the routing shape);
 - `InflightLimits`: admission (the in-flight limit it chose from what it saw);
+- `Evaluation`: the evaluator (eval rollouts in flight, the evals done, the last one);
 - `PayloadLedger`: the payload account, changed only through its `record_*` methods by
   whoever writes or deletes payload files.
 
@@ -26,6 +27,7 @@ import attrs
 import trio
 from payload_gc import FileRemoval
 
+from orchestrator.core.evals import EvalReport
 from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.payload_files.account import PayloadAccount, payload_file_key
 from orchestrator.daemon.rejections import Rejections
@@ -124,6 +126,29 @@ class Dispatch:
 
 
 @attrs.define
+class Evaluation:
+    """Written by the evaluator (`orchestrator.daemon.evaluation`)."""
+
+    # Eval rollouts in flight: the dispatcher counts them against the in-flight limit.
+    inflight: int = 0
+    # The most that were ever in flight at once beside training (not after its end).
+    peak_inflight: int = 0
+    # The version the eval running now was started for (None: none runs).
+    running: int | None = None
+    # The last applied version the schedule looked at (None: not yet).
+    looked_at: int | None = None
+    evals: int = 0
+    # Eval rollouts by outcome ("scored", "failed") and failures by kind.
+    rollouts: Counter[str] = attrs.field(factory=Counter)
+    failures: Counter[str] = attrs.field(factory=Counter)
+    rejections: Rejections = attrs.field(
+        default=attrs.Factory(lambda self: Rejections(self.failures), takes_self=True)
+    )
+    # The last eval's report.
+    last: EvalReport | None = None
+
+
+@attrs.define
 class InflightLimits:
     """Written by admission, from the adaptive limit's decisions (orchestrator/core/inflight.py)."""
 
@@ -209,6 +234,7 @@ class RunState:
     versions: Versions = attrs.field(factory=Versions)
     dispatch: Dispatch = attrs.field(factory=Dispatch)
     limits: InflightLimits = attrs.field(factory=InflightLimits)
+    evaluation: Evaluation = attrs.field(factory=Evaluation)
     payload: PayloadLedger = attrs.field(factory=PayloadLedger)
     changes: Changes = attrs.field(factory=Changes)
 

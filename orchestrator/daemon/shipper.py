@@ -1,8 +1,13 @@
 """The shipper: every batch the sink can fill and the staleness gate allows goes to the
 trainer as soon as it can (docs/design.md §3, §5), in the hand-off format the daemon was
-given (`orchestrator.daemon.shipping`), with one canonical `shipped batch` line."""
+given (`orchestrator.daemon.shipping`), with one canonical `shipped batch` line and one
+line of `<run_dir>/steps.jsonl` (what `orchestrator report` draws)."""
 
 from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
 
 import attrs
 import structlog
@@ -14,6 +19,7 @@ from orchestrator.core.sink import TrainSink
 from orchestrator.daemon.admission import Admission
 from orchestrator.daemon.payload_files.disk import PayloadDeleter
 from orchestrator.daemon.reporting.progress_file import ProgressFile, RunFigures
+from orchestrator.daemon.reporting.run_lines import append_run_line
 from orchestrator.daemon.run_state import RunState
 from orchestrator.daemon.shipping import NothingToShip, Shipment, ship_step
 from orchestrator.handoff import HandoffFormat
@@ -75,6 +81,43 @@ class Shipper:
             state.notify()
             await self.progress.save()
             self._log_shipped(step, samples, shipment)
+            await append_run_line(
+                self.config.steps_file,
+                self.step_line(step, samples, shipment),
+                limiter=self.progress.limiter,
+            )
+
+    def step_line(
+        self, step: int, samples: list[TrainSample], shipment: Shipment
+    ) -> dict[str, Any]:
+        """The `steps.jsonl` line of a shipped batch: its samples' rewards (by env) and
+        staleness, and the run's running totals then (rollouts, discards, failures,
+        payload bytes and deletions), from which the report draws rates and curves."""
+        state, payload = self.state, self.state.payload
+        by_env: defaultdict[str, list[float]] = defaultdict(list)
+        for sample in samples:
+            by_env[sample.env].append(sample.reward)
+        rewards = [sample.reward for sample in samples]
+        staleness = [step - 1 - sample.start_version for sample in samples]
+        return {
+            "step": step,
+            "time": round(time.time(), 3),
+            "version": state.versions.applied,
+            "samples": shipment.samples,
+            "reward_mean": _mean(rewards),
+            "reward_by_env": {env: _mean(values) for env, values in sorted(by_env.items())},
+            "staleness_max": max(staleness, default=0),
+            "staleness_mean": _mean(staleness),
+            "rollouts": dict(state.dispatch.rollouts),
+            "failures": dict(state.dispatch.failures),
+            "discards": dict(self.sink.counters),
+            "inflight_limit": self.figures.inflight_limit,
+            "payload_bytes": payload.bytes,
+            "payload_files": payload.account.files,
+            "bytes_deleted": dict(payload.bytes_deleted),
+            "files_deleted": dict(payload.files_deleted),
+            "collected_below": state.versions.collected_below,
+        }
 
     def _log_shipped(self, step: int, samples: list[TrainSample], shipment: Shipment) -> None:
         state, sink = self.state, self.sink
@@ -102,3 +145,7 @@ class Shipper:
             batch=str(shipment.path),
             **extra,
         )
+
+
+def _mean(values: list[float] | list[int]) -> float | None:
+    return round(sum(values) / len(values), 6) if values else None

@@ -102,6 +102,8 @@ class _ServerState:
     version: int = 0
     weight_dir: str | None = None
     requests_served: int = 0
+    # Generate requests that named a payload directory (asked for payloads by handle).
+    payload_requests: int = 0
     in_flight: int = 0
     running: int = 0
     faults_served: Counter[str] = attrs.Factory(Counter)
@@ -133,6 +135,7 @@ class _ServerState:
             "version": self.version,
             "weight_dir": self.weight_dir,
             "requests_served": self.requests_served,
+            "payload_requests": self.payload_requests,
             "in_flight": self.in_flight,
             # Of those, generating now (at most max_num_seqs); the rest wait their turn.
             "running": self.running,
@@ -321,6 +324,8 @@ class _InferenceApp:
             kv_transfer_params = self._check_role(request)
         except RequestRefused as exc:
             return exc.status, _encode(error_body(exc.status, str(exc)))
+        if request.payload_dir is not None:
+            state.payload_requests += 1
         # A form without a by-handle mode (upstream vLLM) ignores payload_dir: inline.
         by_handle = state.form.by_handle
         payload_dir = request.payload_dir if by_handle is not None else None

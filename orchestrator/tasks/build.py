@@ -2,12 +2,13 @@
 
 `load_tasks` does everything that can fail on bad input, before the run touches anything:
 it loads the tokenizer (a chat template required), opens every dataset and checks its
-columns, imports every reward function. Each problem is one `UserError` line naming the
-key; `orchestrator check-config` and `orchestrator run` (before the payload root is
-wiped) both call it. `open_task_environment` then opens the reward pool and hands out the
-environment the daemon draws from: the one `[[env]]`, or their mixture by `ratio`. An
-`[[env]]` is a dataset scored by reward functions (`dataset_env.py`) or a plugin built by
-its factory (`plugin_env.py`).
+columns, imports every reward function, for the `[[env]]`s and the `[[eval.env]]`s alike.
+Each problem is one `UserError` line naming the key; `orchestrator check-config` and
+`orchestrator run` (before the payload root is wiped) both call it. `open_tasks` then
+opens the reward pool and hands out what the daemon runs: the environment it trains on
+(the one `[[env]]`, or their mixture by `ratio`) and the eval tasks. An env is a dataset
+scored by reward functions (`dataset_env.py`) or a plugin built by its factory
+(`plugin_env.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import trio
 
 from orchestrator.config import Config, EnvConfig
 from orchestrator.core.environments import Environment, Sampling
+from orchestrator.core.evals import EvalTask
 from orchestrator.errors import UserError
 from orchestrator.tasks.chat import ChatTokenizer
 from orchestrator.tasks.dataset_env import DatasetEnvironment, PromptColumns
@@ -50,9 +52,10 @@ class LoadedTasks:
 
     tokenizer: ChatTokenizer
     envs: tuple[LoadedEnv, ...]
+    evals: tuple[LoadedEnv, ...] = ()
 
     def close(self) -> None:
-        for env in self.envs:
+        for env in (*self.envs, *self.evals):
             if env.dataset is not None:
                 env.dataset.close()
 
@@ -80,17 +83,19 @@ def load_tasks(config: Config) -> LoadedTasks:
         template_kwargs=config.model.chat_template_kwargs,
     )
     envs: list[LoadedEnv] = []
+    evals: list[LoadedEnv] = []
     try:
         for index, env in enumerate(config.env):
-            envs.append(_load_env(index, env))
+            envs.append(_load_env(f"env[{index}]", env))
+        for index, env in enumerate(config.eval.env):
+            evals.append(_load_env(f"eval.env[{index}]", env))
     except BaseException:
-        LoadedTasks(tokenizer, tuple(envs)).close()
+        LoadedTasks(tokenizer, tuple(envs), tuple(evals)).close()
         raise
-    return LoadedTasks(tokenizer, tuple(envs))
+    return LoadedTasks(tokenizer, tuple(envs), tuple(evals))
 
 
-def _load_env(index: int, env: EnvConfig) -> LoadedEnv:
-    key = f"env[{index}]"
+def _load_env(key: str, env: EnvConfig) -> LoadedEnv:
     if env.factory is not None:
         return _load_plugin(key, env, env.factory)
     assert env.dataset is not None
@@ -153,30 +158,59 @@ def _keyed(key: str, load: Callable[P, T], *args: P.args, **kwargs: P.kwargs) ->
 
 def check_tasks(config: Config) -> None:
     """`load_tasks` and close again: the start-up check of `check-config`."""
-    if config.env:
+    if config.env or config.eval.env:
         load_tasks(config).close()
 
 
+@attrs.frozen
+class Tasks:
+    """What a run's real tasks give the daemon: the environment it trains on (None when
+    it lists no `[[env]]`: the simulator's toy one then) and the eval tasks."""
+
+    environment: Environment | None
+    evals: tuple[EvalTask, ...] = ()
+
+
 @asynccontextmanager
-async def open_task_environment(config: Config) -> AsyncIterator[Environment]:
-    """The environment of `config`'s `[[env]]`s, with its reward pool open while it is
-    used. Raises `UserError` (from `load_tasks`) before anything starts."""
+async def open_tasks(config: Config) -> AsyncIterator[Tasks]:
+    """The environment of `config`'s `[[env]]`s and the tasks of its `[[eval.env]]`s,
+    with their reward pool open while they are used. Raises `UserError` (from
+    `load_tasks`) before anything starts."""
     tasks = await trio.to_thread.run_sync(load_tasks, config)
     try:
         workers = config.rewards.workers or os.cpu_count() or 1
-        specs = [spec for env in tasks.envs for spec in env.rewards]
+        specs = [spec for env in (*tasks.envs, *tasks.evals) for spec in env.rewards]
         async with open_reward_pool(workers, config.rewards.timeout_s, preload=specs) as pool:
             environments = [
                 _environment(config, loaded, tasks.tokenizer, pool) for loaded in tasks.envs
             ]
+            environment: Environment | None = None
             if len(environments) == 1:
-                yield environments[0]
-            else:
-                yield EnvironmentMixture(
+                environment = environments[0]
+            elif environments:
+                environment = EnvironmentMixture(
                     environments, [env.ratio for env in config.env], seed=config.seed
                 )
+            evals = tuple(
+                EvalTask(
+                    loaded.config.name,
+                    _environment(config, loaded, tasks.tokenizer, pool),
+                    _eval_examples(config, loaded),
+                )
+                for loaded in tasks.evals
+            )
+            yield Tasks(environment, evals)
     finally:
         tasks.close()
+
+
+def _eval_examples(config: Config, loaded: LoadedEnv) -> int:
+    """The prompts of each eval of `loaded`: `eval.num_examples`, at most its rows."""
+    wanted = config.eval.num_examples
+    if loaded.dataset is None:
+        return wanted  # a plugin: the config requires a count
+    rows = len(loaded.dataset)
+    return rows if wanted < 0 else max(1, min(wanted, rows))
 
 
 def _environment(

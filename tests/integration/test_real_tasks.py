@@ -35,6 +35,8 @@ def demo_config(run_dir: Path, *overrides: str) -> Config:
             f'model.tokenizer="{MODEL}"',
             f'env.0.dataset="{ARITH}"',
             f'env.1.dataset="{ROOT / "demo" / "data" / "chat.jsonl"}"',
+            f'eval.env.0.dataset="{ROOT / "demo" / "data" / "arith_eval.jsonl"}"',
+            "eval.num_examples=8",
             "rewards.workers=2",
             "sim.train_time_s=0.05",
             "trainer.poll_interval_s=0.1",

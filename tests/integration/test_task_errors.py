@@ -27,6 +27,7 @@ def overrides(run_dir: Path, *more: str) -> list[str]:
         f'model.tokenizer="{MODEL}"',
         f'env.0.dataset="{ARITH}"',
         f'env.1.dataset="{CHAT}"',
+        f'eval.env.0.dataset="{ROOT / "demo" / "data" / "arith_eval.jsonl"}"',
         *more,
     ]
     return [arg for override in base for arg in ("--set", override)]

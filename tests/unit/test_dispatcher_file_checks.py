@@ -12,7 +12,8 @@ from payload_gc import min_fresh_version
 
 from orchestrator.core.staleness import Staleness
 from orchestrator.core.turns import TurnOutput
-from orchestrator.daemon.dispatcher import Dispatcher, RolloutRun
+from orchestrator.daemon.dispatcher import Dispatcher
+from orchestrator.daemon.rollout_runner import RolloutRun
 from orchestrator.daemon.run_state import RunState, Shipping, Versions
 from orchestrator.payload import PayloadSegment
 

@@ -163,6 +163,61 @@ class RunCollector:
             value=sink.shipped,
         )
         yield from _by_env(p, state, sink)
+        yield from _evals(p, state)
+
+
+def _evals(p: str, state: RunState) -> Iterator[Metric]:
+    """Evals beside training: rollouts and failures, in flight, and the last eval's
+    results by eval env (docs/design.md § Evals)."""
+    evaluation = state.evaluation
+    yield CounterMetricFamily(
+        f"{p}evals_total", "Evals finished (each runs every eval env).", value=evaluation.evals
+    )
+    yield _by_label(
+        f"{p}eval_rollouts_total",
+        "Eval rollouts finished, by outcome (scored, failed).",
+        "outcome",
+        ("scored", "failed"),
+        evaluation.rollouts,
+    )
+    yield _by_label(
+        f"{p}eval_failures_total",
+        "Failed eval requests, environment steps and rewards, by kind.",
+        "kind",
+        (*FAILURE_KINDS, "reward_failed"),
+        evaluation.failures,
+    )
+    yield GaugeMetricFamily(
+        f"{p}eval_inflight_rollouts",
+        "Eval rollouts in flight (counted against the in-flight limit).",
+        value=evaluation.inflight,
+    )
+    last = evaluation.last
+    version = GaugeMetricFamily(
+        f"{p}eval_version", "The version the last eval was started for, by env.", labels=["env"]
+    )
+    reward = GaugeMetricFamily(
+        f"{p}eval_reward_mean", "The last eval's mean reward, by env.", labels=["env"]
+    )
+    pass_at = GaugeMetricFamily(
+        f"{p}eval_pass_at_k",
+        "The last eval's pass@k, by env and k (only where every reward is 0 or 1).",
+        labels=["env", "k"],
+    )
+    length = GaugeMetricFamily(
+        f"{p}eval_completion_tokens_mean",
+        "The last eval's mean completion length in tokens, by env.",
+        labels=["env"],
+    )
+    for result in () if last is None else last.results:
+        version.add_metric([result.env], last.version if last is not None else 0)
+        if result.reward_mean is not None:
+            reward.add_metric([result.env], result.reward_mean)
+        for k, value in (result.pass_at or {}).items():
+            pass_at.add_metric([result.env, str(k)], value)
+        if result.completion_tokens_mean is not None:
+            length.add_metric([result.env], result.completion_tokens_mean)
+    yield from (version, reward, pass_at, length)
 
 
 def _by_env(p: str, state: RunState, sink: TrainSink) -> Iterator[Metric]:

@@ -1,0 +1,184 @@
+"""`orchestrator report`: the run's records read back (torn and foreign lines passed over,
+a resumed run's repeated steps), every plot drawn or marked empty, the page and the PNG,
+and the command's one-line errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.report import PLOTS, read_records, write_report
+from orchestrator.report.figures import _deltas, plot_svg
+from orchestrator.report.page import render_html
+
+
+def step_line(step: int, **more: Any) -> dict[str, Any]:
+    line = {
+        "step": step,
+        "time": 1000.0 + 2 * step,
+        "version": step - 1,
+        "samples": 16,
+        "reward_mean": 0.1 * step,
+        "reward_by_env": {"arith": 0.1 * step, "chat": 0.05 * step},
+        "staleness_max": 2,
+        "staleness_mean": 1.5,
+        "rollouts": {"completed": 20 * step},
+        "failures": {},
+        "discards": {"swept": 4 * step, "stale": step},
+        "inflight_limit": 32,
+        "payload_bytes": 1 << 20,
+        "payload_files": 10,
+        "bytes_deleted": {"collection": (1 << 19) * step},
+        "files_deleted": {"collection": 5 * step},
+        "collected_below": max(0, step - 3),
+    }
+    line.update(more)
+    return line
+
+
+def eval_line(version: int, reward: float) -> dict[str, Any]:
+    return {
+        "version": version,
+        "step": version,
+        "started_at": 1000.0,
+        "duration_s": 1.0,
+        "resumed": False,
+        "envs": {
+            "arith-eval": {
+                "samples": 8,
+                "failed": 0,
+                "prompts": 4,
+                "reward_mean": reward,
+                "pass_at": {"1": reward, "2": min(1.0, 2 * reward)},
+                "completion_tokens_mean": 12.5,
+                "completion_tokens_max": 16,
+                "versions": [version],
+                "failures": {},
+            }
+        },
+    }
+
+
+def write_run(run_dir: Path, steps: list[Any], evals: list[Any]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name, lines in (("steps.jsonl", steps), ("evals.jsonl", evals)):
+        (run_dir / name).write_text(
+            "".join(line if isinstance(line, str) else json.dumps(line) + "\n" for line in lines)
+        )
+
+
+def records_of(run_dir: Path):  # type: ignore[no-untyped-def]
+    return read_records(
+        run_dir,
+        steps_file=run_dir / "steps.jsonl",
+        evals_file=run_dir / "evals.jsonl",
+        state_dir=run_dir / "orchestrator",
+    )
+
+
+def test_torn_and_foreign_lines_are_counted_and_passed_over(tmp_path: Path) -> None:
+    write_run(
+        tmp_path,
+        [step_line(1), "not json\n", "[1, 2]\n", json.dumps({"step": "two"}) + "\n", step_line(2)],
+        [eval_line(0, 0.1), '{"version": 2, "envs": {"a": 1}}\n', '{"version": 4, "en'],
+    )
+    records = records_of(tmp_path)
+    assert [row["step"] for row in records.step_rows] == [1, 2]
+    assert [line["version"] for line in records.evals] == [0]
+    assert records.skipped_lines == 5
+    assert "5 line(s) of the run's records could not be read" in render_html(records, title="t")
+
+
+def test_a_resumed_run_s_repeated_step_counts_once_and_its_restarted_totals_are_no_drop(
+    tmp_path: Path,
+) -> None:
+    # Steps 1-3, then a resumed run shipped 3 again and 4, counting from zero.
+    write_run(
+        tmp_path,
+        [
+            step_line(1),
+            step_line(2),
+            step_line(3),
+            step_line(3, rollouts={"completed": 10}),
+            step_line(4, rollouts={"completed": 30}),
+        ],
+        [],
+    )
+    records = records_of(tmp_path)
+    assert [row["step"] for row in records.step_rows] == [1, 2, 3, 4]
+    assert records.step_rows[2]["rollouts"] == {"completed": 10}
+    assert _deltas([20, 40, 60, 10, 30]) == [20, 20, 20, None, 20]
+
+
+def test_every_plot_is_drawn_from_the_records(tmp_path: Path) -> None:
+    write_run(tmp_path, [step_line(s) for s in range(1, 6)], [eval_line(0, 0.1), eval_line(4, 0.4)])
+    records = records_of(tmp_path)
+    for plot in PLOTS:
+        svg, drew = plot_svg(plot, records)
+        assert drew, plot.name
+        assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
+        assert plot.title in svg  # text stays text (svg.fonttype none)
+    page = render_html(records, title="Run demo")
+    figures = re.findall(r'<figure id="(\w+)" data-plot="\w+">\s*<svg', page)
+    assert figures == [plot.name for plot in PLOTS]
+    # Self-contained: no script, nothing it would fetch.
+    assert "<script" not in page and "<metadata>" not in page
+    assert re.search(r'(src|href)="(https?:|//)', page) is None
+    # The eval table: one row per eval and env, pass@k columns.
+    assert page.count("<td class=env>arith-eval</td>") == 2
+    assert "<th>pass@1</th><th>pass@2</th>" in page
+
+
+def test_a_run_with_nothing_recorded_yet_still_has_its_page(tmp_path: Path) -> None:
+    tmp_path.mkdir(exist_ok=True)
+    records = records_of(tmp_path)
+    page = render_html(records, title="Run empty")
+    assert page.count('class="empty"') == len(PLOTS)
+    assert page.count("nothing recorded yet") == len(PLOTS)
+    assert "no batch shipped yet" in page and "No evals" in page
+
+
+def test_the_png_holds_every_plot(tmp_path: Path) -> None:
+    write_run(tmp_path, [step_line(s) for s in range(1, 4)], [eval_line(0, 0.2)])
+    out = write_report(records_of(tmp_path), tmp_path / "r.png", fmt="png", title="t")
+    data = out.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 20_000
+    assert not list(tmp_path.glob(".r.png.*"))  # no temporary file left
+
+
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(f'run_dir = "{tmp_path / "run"}"\n[sim]\ninference_servers = 1\n')
+    return path
+
+
+def test_the_command_writes_the_page_next_to_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_run(tmp_path / "run", [step_line(1), step_line(2)], [eval_line(0, 0.1)])
+    assert main(["report", "--config", str(config_file(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == f"report: {tmp_path / 'run' / 'report.html'} (2 steps, 1 evals)"
+    assert (tmp_path / "run" / "report.html").read_text().startswith("<!DOCTYPE html>")
+    png = tmp_path / "elsewhere" / "curves.png"
+    assert main(["report", "--config", str(config_file(tmp_path)), "--out", str(png)]) == 0
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_command_s_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", "--config", str(config_file(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not exist: nothing to report" in err
+    write_run(tmp_path / "run", [step_line(1)], [])
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "report.html"
+    assert main(["report", "--config", str(config_file(tmp_path)), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write the report to" in err
