@@ -5,7 +5,7 @@ export UV_PYTHON_DOWNLOADS := never
 UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 RUN := $(UV) run --frozen --python python3
 
-.PHONY: setup demo demo-pd demo-vllm test test-netmount test-vllm lint bench
+.PHONY: setup demo demo-pd demo-vllm test test-netmount test-vllm test-browser test-extras lint bench
 
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -49,10 +49,21 @@ test-netmount: setup
 test-vllm: setup
 	RUN="$(RUN)" tests/vllm/run.sh test
 
+# The report of a demo run rendered in headless Chromium (Debian's, installed when missing
+# and run as root; Playwright from the `browser` group); skipped with the reason where
+# Chromium cannot be had.
+test-browser: setup
+	UV="$(UV)" tests/browser/run.sh
+
+# The optional extras: rewards on a local Ray instance, metrics to W&B in offline mode
+# (installs the `ray` and `wandb` extras; skipped with the reason where they cannot be).
+test-extras: setup
+	UV="$(UV)" tests/extras/run.sh
+
 # The demo's real tasks against that real vLLM server, for a newcomer to see.
 demo-vllm: setup
 	RUN="$(RUN)" tests/vllm/run.sh demo
 
 bench: setup
-	$(UV) sync --frozen --python python3 --quiet --group bench
-	$(RUN) --group bench python bench/run_all.py
+	$(UV) sync --frozen --python python3 --quiet --group bench --extra ray
+	$(RUN) --group bench --extra ray python bench/run_all.py

@@ -21,6 +21,8 @@ SCRIPTS = [
     "system_overload.py",
     # Real tasks (tokenizer, chat template, rewards in worker processes) against the toy.
     "real_tasks.py",
+    # Rewards on a local Ray instance against the local worker processes (issue 25).
+    "ray_rewards.py",
     # Batches of 256 and 512 rollouts of ~4,500 tokens: lag, memory, batch write and read.
     "system_scale.py",
     # Upstream vLLM (the real-vLLM stage's CPU build) with the by-handle writer, against

@@ -11,7 +11,9 @@ caches, or without) and taken down by `umount.sh` at the end. Where it cannot be
 
 **The real-vLLM stage.** `tests/vllm` runs only with `ORCH_VLLM_PYTHON` set (`make
 test-vllm`, which installs the stage's venv): without it those tests are not collected, so
-the rest of the suite never starts a vLLM server nor reports them as skipped.
+the rest of the suite never starts a vLLM server nor reports them as skipped. Likewise
+`tests/browser` (`ORCH_BROWSER`, `make test-browser`: Chromium and Playwright) and
+`tests/extras` (`ORCH_TEST_EXTRAS`, `make test-extras`: the `ray` and `wandb` extras).
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ NETMOUNT_SUITES = ("integration", "fault", "netmount")
 _MOUNT_DEADLINE_S = 600
 
 
-collect_ignore = [] if os.environ.get("ORCH_VLLM_PYTHON") else ["vllm"]
+collect_ignore = [
+    *([] if os.environ.get("ORCH_VLLM_PYTHON") else ["vllm"]),
+    # The stages with heavy extras (tests/browser/run.sh, tests/extras/run.sh) set these.
+    *([] if os.environ.get("ORCH_BROWSER") else ["browser"]),
+    *([] if os.environ.get("ORCH_TEST_EXTRAS") else ["extras"]),
+]
 
 
 def netmount_mode() -> str | None:

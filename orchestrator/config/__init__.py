@@ -35,6 +35,7 @@ from orchestrator.config.sections import SimConfig as SimConfig
 from orchestrator.config.sections import StalenessConfig as StalenessConfig
 from orchestrator.config.sections import ToyEnvName as ToyEnvName
 from orchestrator.config.sections import TrainerConfig as TrainerConfig
+from orchestrator.config.sections import WandbConfig as WandbConfig
 from orchestrator.config.sources import (
     Override,
     apply_overrides,
@@ -63,6 +64,7 @@ __all__ = [
     "StalenessConfig",
     "ToyEnvName",
     "TrainerConfig",
+    "WandbConfig",
     "add_config_arguments",
     "config_from_args",
     "config_to_toml",

@@ -245,14 +245,36 @@ class ModelConfig:
     chat_template_kwargs: dict[str, Any] = attrs.field(factory=dict)
 
 
+RewardExecutorName = Literal["process", "ray"]
+
+
 @attrs.frozen
 class RewardsConfig:
-    """Where reward functions run: worker processes on this machine."""
+    """Where reward functions run: worker processes on this machine, or tasks on a Ray
+    cluster (docs/design.md § Rewards beyond one machine)."""
 
-    # Worker processes; 0 is one per core of the machine.
+    # "process": worker processes on this machine; "ray": tasks on a Ray cluster (the
+    # optional extra: pip install 'rollout-orchestrator[ray]').
+    executor: RewardExecutorName = "process"
+    # Worker processes (0: one per core of the machine); with Ray, the most calls on the
+    # cluster at once (0: the cluster's CPUs).
     workers: int = attrs.field(default=0, validator=at_least(0))
     # The longest one rollout's rewards may take; a call past it is killed ("reward_failed").
     timeout_s: float = attrs.field(default=30.0, validator=greater_than(0))
+    # Ray only: the cluster ("auto": the one this machine belongs to; "ray://host:10001":
+    # Ray Client; "": a local instance started on this machine, for trying it out), and
+    # the runtime environment its tasks get (Ray's own keys, e.g. {working_dir = "."}).
+    address: str = ""
+    ray_runtime_env: dict[str, Any] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        if self.executor != "ray" and (self.address or self.ray_runtime_env):
+            key = "address" if self.address else "ray_runtime_env"
+            raise InvalidValue(
+                'is for executor = "ray" only: set it too, or leave this out',
+                value=self.address or self.ray_runtime_env,
+                key=key,
+            )
 
 
 def _env_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -434,6 +456,25 @@ class MetricsConfig:
     listen: str = attrs.field(default="", validator=listen_address)
 
 
+WandbMode = Literal["offline", "online"]
+
+
+@attrs.frozen
+class WandbConfig:
+    """Weights & Biases, optionally (the `wandb` extra): each shipped batch's and each
+    eval's figures, as `steps.jsonl` and `evals.jsonl` hold them."""
+
+    enabled: bool = False
+    project: str = "rollout-orchestrator"
+    # "" : your default entity.
+    entity: str = ""
+    # The W&B run's name ("": the run directory's name). A resumed run continues it.
+    name: str = ""
+    # "offline": written under <run_dir>/wandb, uploaded later with `wandb sync`;
+    # "online": sent as the run goes (WANDB_API_KEY in the daemon's environment).
+    mode: WandbMode = "offline"
+
+
 @attrs.frozen
 class ProgressConfig:
     """Telling the operator how a batch fills, and when nothing ships."""
@@ -478,6 +519,7 @@ class Config:
     eval: EvalConfig = attrs.field(factory=EvalConfig)
     sim: SimConfig = attrs.field(factory=SimConfig)
     metrics: MetricsConfig = attrs.field(factory=MetricsConfig)
+    wandb: WandbConfig = attrs.field(factory=WandbConfig)
     progress: ProgressConfig = attrs.field(factory=ProgressConfig)
     shutdown: ShutdownConfig = attrs.field(factory=ShutdownConfig)
 

@@ -36,7 +36,7 @@ from orchestrator.core.evals import (
 )
 from orchestrator.daemon.inference.http11 import HTTP11Client
 from orchestrator.daemon.inference.server_pool import ServerPool
-from orchestrator.daemon.reporting.run_lines import append_run_line
+from orchestrator.daemon.reporting.run_lines import RunLines
 from orchestrator.daemon.rollout_runner import RolloutRunner
 from orchestrator.daemon.run_state import RunState
 
@@ -52,7 +52,7 @@ class Evaluator:
     tasks: Sequence[EvalTask]
     client: HTTP11Client
     pool: ServerPool
-    file_limiter: trio.CapacityLimiter
+    lines: RunLines
     resumed: bool = False
     _schedule: EvalSchedule = attrs.field(init=False)
     _runner: RolloutRunner = attrs.field(init=False)
@@ -151,7 +151,7 @@ class Evaluator:
                 versions=list(result.versions),
                 duration_s=round(report.duration_s, 3),
             )
-        await append_run_line(self.config.evals_file, report.to_json(), limiter=self.file_limiter)
+        await self.lines.eval(report.to_json())
         return report
 
     async def _evaluate_task(self, task: EvalTask, version: int) -> EnvEvalResult:

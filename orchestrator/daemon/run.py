@@ -48,7 +48,9 @@ from orchestrator.daemon.payload_files.disk import PayloadDeleter, measure_tree
 from orchestrator.daemon.policy import PolicyWatcher
 from orchestrator.daemon.reporting.progress_file import ProgressFile, RunFigures
 from orchestrator.daemon.reporting.progress_report import ProgressReporter, serve_progress_report
+from orchestrator.daemon.reporting.run_lines import RunLines
 from orchestrator.daemon.reporting.stall import StallWatch, serve_stall_watch
+from orchestrator.daemon.reporting.wandb_log import open_wandb_log
 from orchestrator.daemon.run_state import RunState
 from orchestrator.daemon.settings import inflight_limit, probe_settings, sink_limits
 from orchestrator.daemon.shipper import Shipper
@@ -91,12 +93,14 @@ class Services:
     admission: Admission
     sweeper: Sweeper
     shipper: Shipper
+    lines: RunLines
 
     @classmethod
     def build(
         cls, config: Config, handoff: HandoffFormat, state: RunState, sink: TrainSink
     ) -> Services:
         limiter = trio.CapacityLimiter(4)
+        lines = RunLines(config.steps_file, config.evals_file, limiter)
         deleter = PayloadDeleter(config.payload_root, state.payload, limiter)
         figures = RunFigures(
             state,
@@ -109,8 +113,12 @@ class Services:
         progress = ProgressFile(config.state_dir, figures, limiter)
         admission = Admission(state, sink, deleter, inflight_limit(config))
         sweeper = Sweeper(state, sink, deleter, progress)
-        shipper = Shipper(config, handoff, state, sink, deleter, admission, figures, progress)
-        return cls(config, state, sink, limiter, figures, progress, admission, sweeper, shipper)
+        shipper = Shipper(
+            config, handoff, state, sink, deleter, admission, figures, progress, lines
+        )
+        return cls(
+            config, state, sink, limiter, figures, progress, admission, sweeper, shipper, lines
+        )
 
 
 async def run_daemon(
@@ -146,21 +154,23 @@ async def run_daemon(
     services = Services.build(config, handoff, state, TrainSink(sink_limits(config)))
     scope = trio.CancelScope() if stop is None else stop.scope
     start = StartPoint(0, resumed=False)
-    with scope:
-        with trio.CancelScope(shield=True):  # a worker thread finishes it anyway
-            start = await trio.to_thread.run_sync(_find_start, config, handoff, state)
-        await trio.lowlevel.checkpoint()  # a stop asked for already ends it here, nothing done
-        await _serve(
-            services,
-            start,
-            servers,
-            environment,
-            evals,
-            token,
-            stop,
-            metrics_sockets,
-            task_status,
-        )
+    async with open_wandb_log(config) as wandb:
+        services.lines.mirror_to(wandb)
+        with scope:
+            with trio.CancelScope(shield=True):  # a worker thread finishes it anyway
+                start = await trio.to_thread.run_sync(_find_start, config, handoff, state)
+            await trio.lowlevel.checkpoint()  # a stop asked for already: nothing done
+            await _serve(
+                services,
+                start,
+                servers,
+                environment,
+                evals,
+                token,
+                stop,
+                metrics_sockets,
+                task_status,
+            )
     stopped = stop is not None and scope.cancelled_caught
     if stop is not None and stopped:
         await account_for_a_stopped_run(config, handoff, state, stop)
@@ -269,7 +279,7 @@ async def _serve(
                     evals,
                     clients.generate,
                     pool,
-                    services.file_limiter,
+                    services.lines,
                     resumed=start.resumed,
                 )
                 await nursery.start(evaluator.serve)

@@ -19,7 +19,7 @@ from orchestrator.core.sink import TrainSink
 from orchestrator.daemon.admission import Admission
 from orchestrator.daemon.payload_files.disk import PayloadDeleter
 from orchestrator.daemon.reporting.progress_file import ProgressFile, RunFigures
-from orchestrator.daemon.reporting.run_lines import append_run_line
+from orchestrator.daemon.reporting.run_lines import RunLines
 from orchestrator.daemon.run_state import RunState
 from orchestrator.daemon.shipping import NothingToShip, Shipment, ship_step
 from orchestrator.handoff import HandoffFormat
@@ -37,6 +37,7 @@ class Shipper:
     admission: Admission
     figures: RunFigures
     progress: ProgressFile
+    lines: RunLines
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Ship whatever is ready, then again at every change of the run, until cancelled."""
@@ -81,11 +82,7 @@ class Shipper:
             state.notify()
             await self.progress.save()
             self._log_shipped(step, samples, shipment)
-            await append_run_line(
-                self.config.steps_file,
-                self.step_line(step, samples, shipment),
-                limiter=self.progress.limiter,
-            )
+            await self.lines.step(self.step_line(step, samples, shipment))
 
     def step_line(
         self, step: int, samples: list[TrainSample], shipment: Shipment

@@ -28,7 +28,7 @@ figure svg { width: 100%; height: auto; }
 figure.empty { opacity: 0.6; }
 table { border-collapse: collapse; margin: 1em 0; }
 th, td { border-bottom: 1px solid #e4e4e4; padding: 0.25em 0.8em; text-align: right; }
-th:first-child, td:first-child, td.env { text-align: left; }
+th:first-child, td:first-child, .env { text-align: left; }
 .note { color: #777; font-size: 0.9em; }
 """
 
@@ -67,13 +67,14 @@ def _facts(records: RunRecords) -> str:
     if rows:
         elapsed = rows[-1]["time"] - rows[0]["time"]
         parts.append(f"{len(rows)} batches shipped (steps {rows[0]['step']}..{rows[-1]['step']})")
-        parts.append(f"last applied version v{rows[-1].get('version', '?')}")
         if elapsed > 0:
             parts.append(f"{elapsed:.0f} s from the first batch to the last")
     else:
         parts.append("no batch shipped yet")
     parts.append(f"{len(records.evals)} evals")
     progress = records.progress
+    if progress is not None and isinstance(progress.get("applied_version"), int):
+        parts.append(f"applied version v{progress['applied_version']}")
     if progress is not None and isinstance(progress.get("updated_at"), int | float):
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(progress["updated_at"]))
         parts.append(f"progress saved {html.escape(stamp)}")
@@ -103,7 +104,7 @@ def _eval_table(evals: Sequence[Record]) -> str:
                 f"<td>{html.escape(versions)}</td></tr>"
             )
     return (
-        "<table><thead><tr><th>version</th><th>env</th><th>mean reward</th>"
+        "<table><thead><tr><th>version</th><th class=env>env</th><th>mean reward</th>"
         f"{head}<th>samples</th><th>failed</th><th>tokens</th><th>sampled under</th></tr>"
         f"</thead><tbody>{''.join(body)}</tbody></table>"
     )

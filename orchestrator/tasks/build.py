@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
 
 import attrs
@@ -31,8 +31,9 @@ from orchestrator.tasks.dataset_env import DatasetEnvironment, PromptColumns
 from orchestrator.tasks.datasets import DataOrder, Dataset, open_dataset, require_columns
 from orchestrator.tasks.mixture import EnvironmentMixture
 from orchestrator.tasks.plugin_env import PluginEnvironment
+from orchestrator.tasks.ray_rewards import import_ray, open_ray_reward_pool
 from orchestrator.tasks.reward_functions import RewardSpec, import_callable, load_reward
-from orchestrator.tasks.reward_pool import RewardPool, open_reward_pool
+from orchestrator.tasks.reward_pool import RewardExecutor, open_reward_pool
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -74,6 +75,8 @@ def load_tasks(config: Config) -> LoadedTasks:
     `[[env]]`s. Blocking (file reads, imports). Raises `UserError`, one line naming the
     key, for anything that does not load."""
     assert config.model.tokenizer is not None  # the config requires it with any [[env]]
+    if config.rewards.executor == "ray":
+        import_ray()  # one line now, rather than once the run has started
     user_module_path()
     tokenizer = _keyed(
         "model.tokenizer",
@@ -178,9 +181,8 @@ async def open_tasks(config: Config) -> AsyncIterator[Tasks]:
     `load_tasks`) before anything starts."""
     tasks = await trio.to_thread.run_sync(load_tasks, config)
     try:
-        workers = config.rewards.workers or os.cpu_count() or 1
         specs = [spec for env in (*tasks.envs, *tasks.evals) for spec in env.rewards]
-        async with open_reward_pool(workers, config.rewards.timeout_s, preload=specs) as pool:
+        async with open_rewards(config, specs) as pool:
             environments = [
                 _environment(config, loaded, tasks.tokenizer, pool) for loaded in tasks.envs
             ]
@@ -204,6 +206,23 @@ async def open_tasks(config: Config) -> AsyncIterator[Tasks]:
         tasks.close()
 
 
+def open_rewards(
+    config: Config, specs: Sequence[RewardSpec]
+) -> AbstractAsyncContextManager[RewardExecutor]:
+    """Where the rewards of `specs` run, as `[rewards] executor` says."""
+    rewards = config.rewards
+    if rewards.executor == "ray":
+        return open_ray_reward_pool(
+            rewards.address,
+            rewards.workers,
+            rewards.timeout_s,
+            runtime_env=rewards.ray_runtime_env,
+            preload=specs,
+        )
+    workers = rewards.workers or os.cpu_count() or 1
+    return open_reward_pool(workers, rewards.timeout_s, preload=specs)
+
+
 def _eval_examples(config: Config, loaded: LoadedEnv) -> int:
     """The prompts of each eval of `loaded`: `eval.num_examples`, at most its rows."""
     wanted = config.eval.num_examples
@@ -214,7 +233,7 @@ def _eval_examples(config: Config, loaded: LoadedEnv) -> int:
 
 
 def _environment(
-    config: Config, loaded: LoadedEnv, tokenizer: ChatTokenizer, pool: RewardPool
+    config: Config, loaded: LoadedEnv, tokenizer: ChatTokenizer, pool: RewardExecutor
 ) -> Environment:
     env = loaded.config
     budget = config.batch.max_seq_len - env.max_tokens

@@ -30,7 +30,7 @@ from orchestrator.errors import UserError
 from orchestrator.tasks.chat import ChatTokenizer
 from orchestrator.tasks.datasets import DataOrder, Dataset
 from orchestrator.tasks.reward_functions import RewardSpec
-from orchestrator.tasks.reward_pool import RewardPool, score_episode
+from orchestrator.tasks.reward_pool import RewardExecutor, score_episode
 
 Message = dict[str, Any]
 
@@ -81,7 +81,7 @@ class DatasetEnvironment:
     columns: PromptColumns
     tokenizer: ChatTokenizer
     rewards: tuple[RewardSpec, ...]
-    pool: RewardPool
+    pool: RewardExecutor
     sampling: Sampling
     # The most tokens a prompt may have.
     budget: int

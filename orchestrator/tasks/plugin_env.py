@@ -40,7 +40,7 @@ from orchestrator.core.environments import Episode, Prompt, PromptSkipped, Sampl
 from orchestrator.errors import UserError
 from orchestrator.tasks.chat import ChatTokenizer
 from orchestrator.tasks.reward_functions import RewardSpec
-from orchestrator.tasks.reward_pool import RewardPool, score_episode
+from orchestrator.tasks.reward_pool import RewardExecutor, score_episode
 
 Message = dict[str, Any]
 
@@ -72,7 +72,7 @@ class PluginEnvironment:
     tokenizer: ChatTokenizer
     sampling: Sampling
     rewards: tuple[RewardSpec, ...]
-    pool: RewardPool
+    pool: RewardExecutor
     budget: int
     timeout_s: float
     limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(LIVE_CALLS))

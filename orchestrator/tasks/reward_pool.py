@@ -17,7 +17,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import attrs
 import structlog
@@ -75,13 +75,54 @@ def _death_detail(exc: BaseException) -> str:
     return f"the worker process died: {exc}"
 
 
+class RewardExecutor(Protocol):
+    """Where rewards run: this machine's worker processes (`RewardPool`) or a Ray cluster
+    (`orchestrator.tasks.ray_rewards.RayRewardPool`), chosen by `[rewards] executor`."""
+
+    @property
+    def failures(self) -> Mapping[tuple[str, FailureKind], int]: ...
+
+    async def score(
+        self, env: str, specs: Sequence[RewardSpec], arguments: Mapping[str, Any]
+    ) -> float: ...
+
+
+@attrs.define(eq=False)
+class RewardFailures:
+    """Failed calls counted by (environment, kind). The first failure of each is logged at
+    warning level with its traceback ("reward failed"); later ones are only counted."""
+
+    counts: collections.Counter[tuple[str, FailureKind]] = attrs.field(factory=collections.Counter)
+
+    def failed(self, env: str, kind: FailureKind, detail: str, traceback: str = "") -> RewardFailed:
+        """Count one failure and return the exception that reports it."""
+        key = (env, kind)
+        self.counts[key] += 1
+        if self.counts[key] == 1:
+            fields: dict[str, str] = {"traceback": traceback} if traceback else {}
+            log.warning(
+                "reward failed",
+                env=env,
+                kind=kind,
+                detail=detail,
+                note="logged once per environment and kind; later ones are only counted",
+                **fields,
+            )
+        return RewardFailed(kind, detail)
+
+    def of_outcome(self, env: str, outcome: ScoreOutcome) -> float:
+        """The score of a call's outcome; raises `RewardFailed` when it holds a failure."""
+        if outcome.score is None:
+            kind = outcome.failure or "raised"
+            raise self.failed(env, kind, outcome.detail, outcome.traceback)
+        return outcome.score
+
+
 @attrs.define(eq=False)
 class RewardPool:
     """Worker processes that score rollouts; open it with `open_reward_pool`.
 
-    `failures` counts the failed calls by (environment, kind). The first failure of each
-    (environment, kind) is logged at warning level with its traceback ("reward failed");
-    later ones are only counted.
+    `failures` counts the failed calls by (environment, kind) (`RewardFailures`).
     """
 
     timeout_s: float
@@ -90,14 +131,12 @@ class RewardPool:
     # Handed to trio-parallel, which wants a limiter of its own: `score` already holds a
     # token of `_limiter` when it calls in, and a task cannot take a token twice.
     _worker_limiter: trio.CapacityLimiter
-    _failures: collections.Counter[tuple[str, FailureKind]] = attrs.field(
-        factory=collections.Counter
-    )
+    _failures: RewardFailures = attrs.field(factory=RewardFailures)
 
     @property
     def failures(self) -> Mapping[tuple[str, FailureKind], int]:
         """The number of failed calls so far, by (environment, kind)."""
-        return dict(self._failures)
+        return dict(self._failures.counts)
 
     async def score(
         self, env: str, specs: Sequence[RewardSpec], arguments: Mapping[str, Any]
@@ -120,15 +159,12 @@ class RewardPool:
                         limiter=self._worker_limiter,
                     )
             except trio.TooSlowError:
-                raise self._failed(
+                raise self._failures.failed(
                     env, "timeout", f"no score within {self.timeout_s:g} s; worker killed"
                 ) from None
             except trio_parallel.BrokenWorkerError as exc:
-                raise self._failed(env, "worker_died", _death_detail(exc)) from None
-        if outcome.score is None:
-            kind = outcome.failure or "raised"
-            raise self._failed(env, kind, outcome.detail, outcome.traceback)
-        return outcome.score
+                raise self._failures.failed(env, "worker_died", _death_detail(exc)) from None
+        return self._failures.of_outcome(env, outcome)
 
     async def _ensure_idle_worker(self) -> None:
         # trio-parallel replaces a killed or dead worker lazily, inside the next call. Start
@@ -157,23 +193,6 @@ class RewardPool:
         except trio_parallel.BrokenWorkerError as exc:
             # Not fatal: the next call starts another, and reports it if that dies too.
             log.warning("reward worker did not start", detail=_death_detail(exc))
-
-    def _failed(
-        self, env: str, kind: FailureKind, detail: str, traceback: str = ""
-    ) -> RewardFailed:
-        key = (env, kind)
-        self._failures[key] += 1
-        if self._failures[key] == 1:
-            fields: dict[str, str] = {"traceback": traceback} if traceback else {}
-            log.warning(
-                "reward failed",
-                env=env,
-                kind=kind,
-                detail=detail,
-                note="logged once per environment and kind; later ones are only counted",
-                **fields,
-            )
-        return RewardFailed(kind, detail)
 
 
 @asynccontextmanager
@@ -223,7 +242,7 @@ def _start_worker(paths: Sequence[str]) -> None:
 
 
 async def score_episode(
-    pool: RewardPool,
+    pool: RewardExecutor,
     env: str,
     specs: Sequence[RewardSpec],
     *,
