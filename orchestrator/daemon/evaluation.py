@@ -165,6 +165,10 @@ class Evaluator:
                 except PromptSkipped:
                     skipped += 1
                     continue
+                except Exception as exc:  # an env that cannot start: this eval goes on
+                    log.warning("eval prompt failed", env=task.name, error=repr(exc)[:300])
+                    skipped += 1
+                    continue
                 for member in range(per_example):
                     server = await self._take_slot()
                     rollout_id = f"eval-v{version}-{task.name}-p{example:05d}-r{member}"

@@ -17,16 +17,12 @@ import structlog.testing
 import trio
 
 from orchestrator.config import load_config
-from orchestrator.core.rollouts import GroupResult
-from orchestrator.core.sink import TrainSink
 from orchestrator.core.staleness import Staleness
-from orchestrator.daemon.dispatcher import Dispatcher
 from orchestrator.daemon.inference.client import encode_generate_request
 from orchestrator.daemon.inference.http11 import HTTP11Client
 from orchestrator.daemon.inference.server_pool import ServerPool
+from orchestrator.daemon.rollout_runner import RolloutRunner
 from orchestrator.daemon.run_state import RunState, Shipping
-from orchestrator.daemon.settings import sink_limits
-from orchestrator.sim.environments import toy_environment
 from orchestrator.wire import InferenceFailure, build_generate_request
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
@@ -88,26 +84,14 @@ async def test_a_server_answering_garbage_is_counted_not_retried_and_logged_once
         ],
     )
     state = RunState(Staleness(2, 1), Shipping(0))
-    send, _ = trio.open_memory_channel[GroupResult](1)
-    environment = toy_environment(
-        "math", prompt_len_min=4, prompt_len_max=8, vocab_size=100, max_turns=1
-    )
     with (
         structlog.testing.capture_logs() as logs,
         trio.fail_after(20),
     ):
         async with garbage_server() as url, HTTP11Client() as client:
             pool = ServerPool.of([url], on_change=state.notify)
-            dispatcher = Dispatcher(
-                config,
-                state,
-                environment,
-                client,
-                send,
-                TrainSink(sink_limits(config)),
-                trio.CapacityLimiter(1),
-                pool,
-            )
+            # Training's runner: its rejections are the dispatch's.
+            runner = RolloutRunner(config, state, client, pool, state.dispatch.rejections)
             for turn in range(TURNS):
                 body = build_generate_request(
                     request_id=f"r{turn}",
@@ -118,7 +102,7 @@ async def test_a_server_answering_garbage_is_counted_not_retried_and_logged_once
                     routing_start=None,
                 )
                 with pytest.raises(InferenceFailure) as failure:
-                    await dispatcher._request_turn(
+                    await runner._request_turn(
                         url, encode_generate_request(body), 3, 0, None, trio.Event()
                     )
                 assert failure.value.kind == "malformed"

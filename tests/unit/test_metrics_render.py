@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
+from orchestrator.core.evals import EvalReport, EvalSample, summarize
 from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult, Sample
 from orchestrator.core.sink import SinkLimits, TrainSink
 from orchestrator.core.staleness import Staleness
@@ -155,6 +156,18 @@ def busy_state() -> RunState:
     state.payload.bytes_written = 15_000_000
     state.payload.record_measured(9_000_000)
     state.payload.record_measured(2_500_000)
+    evaluation = state.evaluation
+    evaluation.evals, evaluation.inflight = 2, 3
+    evaluation.rollouts.update(scored=30, failed=2)
+    evaluation.failures.update(timeout=1, reward_failed=1)
+    samples = [EvalSample(e, 2, float(e % 2), 10 + e) for e in range(4) for _ in range(2)]
+    evaluation.last = EvalReport(
+        version=2,
+        step=3,
+        started_at=0.0,
+        duration_s=1.0,
+        results=(summarize("arith-eval", samples, rollouts_per_example=2),),
+    )
     return state
 
 
@@ -201,6 +214,14 @@ FAMILIES = {
     "orchestrator_collection_last_duration_seconds": "gauge",
     "orchestrator_event_loop_lag_seconds": "histogram",
     "orchestrator_event_loop_worst_lag_seconds": "gauge",
+    "orchestrator_evals_total": "counter",
+    "orchestrator_eval_rollouts_total": "counter",
+    "orchestrator_eval_failures_total": "counter",
+    "orchestrator_eval_inflight_rollouts": "gauge",
+    "orchestrator_eval_version": "gauge",
+    "orchestrator_eval_reward_mean": "gauge",
+    "orchestrator_eval_pass_at_k": "gauge",
+    "orchestrator_eval_completion_tokens_mean": "gauge",
 }
 
 
@@ -246,6 +267,20 @@ def test_the_env_families_equal_the_sink_s_tally() -> None:
         assert value(families, "orchestrator_env_discards_total", env=env, reason=reason) == count
     # The env's discards are all the sink's.
     assert tally.discards == {r: n for r, n in sink.counters.items() if n}
+
+
+def test_the_eval_families_equal_the_last_eval() -> None:
+    _, _, families = _render_busy()
+    assert value(families, "orchestrator_evals_total") == 2
+    assert value(families, "orchestrator_eval_rollouts_total", outcome="failed") == 2
+    assert value(families, "orchestrator_eval_failures_total", kind="reward_failed") == 1
+    assert value(families, "orchestrator_eval_failures_total", kind="connect") == 0
+    assert value(families, "orchestrator_eval_inflight_rollouts") == 3
+    assert value(families, "orchestrator_eval_version", env="arith-eval") == 2
+    assert value(families, "orchestrator_eval_reward_mean", env="arith-eval") == 0.5
+    # Prompts 1 and 3 pass both samples, 0 and 2 none: pass@1 = pass@2 = 0.5.
+    assert value(families, "orchestrator_eval_pass_at_k", env="arith-eval", k="2") == 0.5
+    assert value(families, "orchestrator_eval_completion_tokens_mean", env="arith-eval") == 11.5
 
 
 def test_counters_by_label_equal_the_state() -> None:
