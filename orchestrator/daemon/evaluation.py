@@ -123,23 +123,29 @@ class Evaluator:
             async with trio.open_nursery() as nursery:
                 for index, task in enumerate(self.tasks):
                     nursery.start_soon(run_task, index, task)
+            report = EvalReport(
+                version=version,
+                step=step,
+                started_at=started_at,
+                duration_s=trio.current_time() - started,
+                results=tuple(result for result in results if result is not None),
+                resumed=resumed,
+            )
+            evaluation.evals += 1
+            evaluation.last = report
+            self._log(report)
+            await self.lines.eval(report.to_json())
         finally:
+            # Only now: the run's end waits for this, and its line must be written by then.
             evaluation.running = None
             state.notify()
-        report = EvalReport(
-            version=version,
-            step=step,
-            started_at=started_at,
-            duration_s=trio.current_time() - started,
-            results=tuple(result for result in results if result is not None),
-            resumed=resumed,
-        )
-        evaluation.evals += 1
-        evaluation.last = report
+        return report
+
+    def _log(self, report: EvalReport) -> None:
         for result in report.results:
             log.info(
                 "eval",
-                version=version,
+                version=report.version,
                 env=result.env,
                 reward_mean=_round(result.reward_mean),
                 pass_at=None
@@ -151,8 +157,6 @@ class Evaluator:
                 versions=list(result.versions),
                 duration_s=round(report.duration_s, 3),
             )
-        await self.lines.eval(report.to_json())
-        return report
 
     async def _evaluate_task(self, task: EvalTask, version: int) -> EnvEvalResult:
         per_example = self.config.eval.rollouts_per_example
