@@ -283,7 +283,8 @@ async def run_against(
     server: Server, model: Path, run_dir: Path, steps: int, *more: str
 ) -> tuple[Config, RunOutcome]:
     """The demo's real tasks against `server` (`against_vllm`, then `more`) for `steps`
-    batches; every batch shipped and every invariant of the run held."""
+    batches; every batch shipped, every invariant of the run held, and the demo's evals
+    (the base model and the last version) answered by the server without a failure."""
     config = load_config(DEMO, against_vllm(run_dir, server, model, f"max_steps={steps}", *more))
     with trio.fail_after(600):
         outcome = await launch_run(config)
@@ -296,4 +297,10 @@ async def run_against(
         bound=outcome.state.versions.collected_below,
     )
     assert all(invariant.held is True for invariant in invariants), invariants
+    if config.eval.env:
+        evals = [json.loads(line) for line in config.evals_file.read_text().splitlines()]
+        assert [line["version"] for line in evals] == [0, steps]
+        for line in evals:
+            for result in line["envs"].values():
+                assert result["failed"] == 0 and result["samples"] > 0, line
     return config, outcome
