@@ -127,8 +127,11 @@ def main() -> int:
             "|---|---:|---:|---:|---:|---:|",
             *rows,
             "",
-            "Ray costs a task submission and a result fetch per call (through a waiting "
-            "thread); on a cluster its slots are the cluster's cores. The loop lag is the "
+            "Ray costs a task submission and two streamed items per call (the reward's "
+            "start, which its deadline counts from, then its outcome), fetched through a "
+            "waiting thread: a few ms, which matters for rewards of a millisecond and not "
+            "for the code runs and judges Ray is for. On a cluster its slots are the "
+            "cluster's cores. The loop lag is the "
             "daemon's side: waiting on Ray happens in worker threads, so a slow remote "
             "reward costs the loop nothing but its thread's wake-up.",
         ]

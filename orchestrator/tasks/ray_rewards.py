@@ -5,10 +5,15 @@ The same reward functions as the local worker processes, with the same contract:
 per rollout runs `score_rollout_captured` as a Ray task (no retries: a reward that killed
 its worker is `worker_died`, never run twice), under `[rewards] timeout_s` (past it the
 task is cancelled, its worker killed: `timeout`), a failure of any kind one
-`reward_failed` discard. Back-pressure: at most `workers` calls are on the cluster at once
-(0: the cluster's CPUs), so the daemon never queues more reward work than it can take;
-the others wait here, in the rollouts' own tasks. Waiting for a task's result happens in
-a worker thread, never on the event loop.
+`reward_failed` discard. As with the local workers, the deadline is the reward's own: it
+starts when the task runs on a worker with the reward modules imported, so the cluster's
+scheduling and the start of a fresh worker (after one was killed) are not mistaken for a
+slow reward. The task tells the daemon it started by yielding a first item (a streaming
+generator task); a task that does not start within `START_DEADLINE_S` is cancelled.
+Back-pressure: at most `workers` calls are on the cluster at once (0: the cluster's CPUs),
+so the daemon never queues more reward work than it can take; the others wait here, in
+the rollouts' own tasks. Waiting for a task's result happens in a worker thread, never on
+the event loop.
 
 Ray is an optional extra (`pip install 'rollout-orchestrator[ray]'`); it is imported only
 when the executor is asked for. The reward modules (and this package, which the tasks
@@ -23,7 +28,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -46,6 +51,9 @@ log = structlog.get_logger(__name__)
 CONNECT_DEADLINE_S = 120.0
 #: How long the first tasks, which import the reward modules on the cluster, may take.
 WARM_UP_DEADLINE_S = 120.0
+#: How long a call's task may take to start on a worker (scheduling, a fresh worker's
+#: start and its imports of the reward modules), before its reward's deadline starts.
+START_DEADLINE_S = 120.0
 
 
 @attrs.define(eq=False)
@@ -54,7 +62,7 @@ class RayRewardPool:
 
     timeout_s: float
     _ray: Any  # the ray module
-    _task: Any  # score_rollout_captured as a remote function
+    _task: Any  # score_on_worker as a remote (streaming generator) function
     _limiter: trio.CapacityLimiter  # calls on the cluster at once
     # The waiting threads' own limiter: a task holding a token of `_limiter` cannot take
     # another of it for its thread.
@@ -76,28 +84,38 @@ class RayRewardPool:
         """The weighted sum of `specs` for one rollout of `env`, computed on the cluster.
         Raises `RewardFailed` for every failure of the functions, their task or worker."""
         async with self._limiter:
-            ref = self._task.remote(tuple(specs), dict(arguments))
+            items = self._task.remote(tuple(specs), dict(arguments))
             try:
                 result = await trio.to_thread.run_sync(
-                    self._wait, ref, abandon_on_cancel=True, limiter=self._thread_limiter
+                    self._wait, items, abandon_on_cancel=True, limiter=self._thread_limiter
                 )
             except trio.Cancelled:
                 # The rollout was cancelled: its task goes too (the thread ends with it).
-                self._ray.cancel(ref, force=True)
+                self._ray.cancel(items, force=True)
                 raise
         if isinstance(result, ScoreOutcome):
             return self._failures.of_outcome(env, result)
         kind, detail = result
         raise self._failures.failed(env, kind, detail)
 
-    def _wait(self, ref: Any) -> ScoreOutcome | tuple[FailureKind, str]:
-        """The task's outcome, or the kind and detail of why there is none. Blocking."""
-        exceptions = self._ray.exceptions
+    def _wait(self, items: Any) -> ScoreOutcome | tuple[FailureKind, str]:
+        """The outcome of the task yielding `items`, or the kind and detail of why there is
+        none. Blocking."""
+        ray, exceptions = self._ray, self._ray.exceptions
         try:
-            outcome = self._ray.get(ref, timeout=self.timeout_s)
-        except exceptions.GetTimeoutError:
-            self._ray.cancel(ref, force=True)
-            return "timeout", f"no score within {self.timeout_s:g} s; its Ray task was cancelled"
+            if not self._next_ready(items, START_DEADLINE_S):
+                return "timeout", (
+                    f"its Ray task did not start on a worker within {START_DEADLINE_S:g} s "
+                    "and was cancelled"
+                )
+            ray.get(next(items))  # the task started (or raises why it could not)
+            if not self._next_ready(items, self.timeout_s):
+                return "timeout", (
+                    f"no score within {self.timeout_s:g} s; its Ray task was cancelled"
+                )
+            outcome = ray.get(next(items))
+        except StopIteration:
+            return "bad_value", "the Ray task ended without a score"
         except exceptions.TaskCancelledError:
             return "timeout", "its Ray task was cancelled"
         except exceptions.RayTaskError as exc:
@@ -110,6 +128,24 @@ class RayRewardPool:
         if not isinstance(outcome, ScoreOutcome):
             return "bad_value", f"the Ray task returned {type(outcome).__name__}"
         return outcome
+
+    def _next_ready(self, items: Any, timeout_s: float) -> bool:
+        """Whether the task yields its next item within `timeout_s`; if not, it is
+        cancelled (its worker killed). Blocking."""
+        ready, _ = self._ray.wait([items], timeout=timeout_s)
+        if not ready:
+            self._ray.cancel(items, force=True)
+        return bool(ready)
+
+
+def score_on_worker(
+    specs: Sequence[RewardSpec], arguments: Mapping[str, Any]
+) -> Iterator[str | ScoreOutcome]:
+    """What a call's Ray task runs: import the reward modules (a fresh worker has none),
+    yield that the reward starts, then yield its `score_rollout_captured` outcome."""
+    import_reward_functions(spec.path for spec in specs)
+    yield "started"
+    yield score_rollout_captured(specs, arguments)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -154,9 +190,10 @@ def _connect(ray: Any, address: str, runtime_env: Mapping[str, Any]) -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
-def _warm_up(ray: Any, task: Any, paths: Sequence[str], count: int) -> None:
-    """Import the reward modules in up to `count` of the cluster's workers, so the first
-    calls' deadlines do not pay for it. Blocking; a failure is for the calls to report."""
+def _warm_up(ray: Any, paths: Sequence[str], count: int) -> None:
+    """Start up to `count` of the cluster's workers and import the reward modules in them,
+    so the first calls need not wait for it. Blocking; a failure is for the calls to
+    report."""
     warm = ray.remote(max_retries=0, num_cpus=1)(import_reward_functions)
     refs = [warm.remote(tuple(paths)) for _ in range(count)]
     ready, pending = ray.wait(refs, num_returns=len(refs), timeout=WARM_UP_DEADLINE_S)
@@ -190,9 +227,9 @@ async def open_ray_reward_pool(
         cpus = await trio.to_thread.run_sync(_connect, ray, address, dict(runtime_env or {}))
     try:
         capacity = workers or cpus
-        task = ray.remote(max_retries=0, num_cpus=1)(score_rollout_captured)
+        task = ray.remote(max_retries=0, num_cpus=1)(score_on_worker)
         paths = tuple(dict.fromkeys(spec.path for spec in preload))
-        await trio.to_thread.run_sync(_warm_up, ray, task, paths, min(capacity, cpus))
+        await trio.to_thread.run_sync(_warm_up, ray, paths, min(capacity, cpus))
         log.info("rewards on Ray", address=address or "local", cpus=cpus, capacity=capacity)
         yield RayRewardPool(
             timeout_s, ray, task, trio.CapacityLimiter(capacity), trio.CapacityLimiter(capacity)

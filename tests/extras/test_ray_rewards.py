@@ -75,6 +75,24 @@ async def test_rewards_and_each_failure_kind_on_a_local_ray_instance() -> None:
         assert pool.failures == {("capitals", kind): 1 for kind in failing}
 
 
+async def test_a_fresh_workers_start_does_not_count_against_the_rewards_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reward module that takes longer to import than the deadline, and is not preloaded:
+    # the task's worker imports it before the reward starts, as a fresh worker (after one
+    # was killed, or on a node new to the run) must.
+    (tmp_path / "slow_import_rewards.py").write_text(
+        "import time\ntime.sleep(4)\ndef length(completion):\n    return float(len(completion))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = RewardSpec("slow_import_rewards:length", 1.0, ("completion",))
+    async with open_ray_reward_pool("", 1, 3.0) as pool:
+        started = time.monotonic()
+        assert await pool.score("capitals", [spec], ARGUMENTS) == 5.0
+        assert time.monotonic() - started >= 4
+        assert pool.failures == {}
+
+
 async def test_no_more_calls_are_on_the_cluster_than_it_can_take() -> None:
     naps = [fixture("naps")]  # 0.3 s each
     # One slot on an instance of this machine's CPUs (2 or more): Ray alone would run two
