@@ -15,15 +15,13 @@ import shutil
 from pathlib import Path
 
 import trio
+from demo_run import DEMO_CONFIG, demo_paths
 from playwright.sync_api import ConsoleMessage, Request, sync_playwright
 
 from orchestrator.cli import main
 from orchestrator.commands.launch import launch_run
 from orchestrator.config import load_config
 from orchestrator.report import PLOTS
-
-ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "demo" / "data"
 
 # As the machine's notes give them: root needs --no-sandbox, and the closed network
 # refuses Chromium's background connections.
@@ -39,22 +37,17 @@ CHROMIUM_ARGS = [
 
 
 def test_the_report_of_a_demo_run_renders_in_chromium(tmp_path: Path) -> None:
-    config_path = ROOT / "configs" / "demo.toml"
     overrides = [
-        f'run_dir="{tmp_path / "run"}"',
-        f'model.tokenizer="{ROOT / "demo" / "model"}"',
-        f'env.0.dataset="{DATA / "arith.jsonl"}"',
-        f'env.1.dataset="{DATA / "chat.jsonl"}"',
-        f'eval.env.0.dataset="{DATA / "arith_eval.jsonl"}"',
+        *demo_paths(tmp_path / "run"),
         "max_steps=6",
         "eval.interval=3",
         "eval.num_examples=8",
         "sim.train_time_s=0.05",
         "trainer.poll_interval_s=0.1",
     ]
-    trio.run(launch_run, load_config(config_path, overrides))
+    trio.run(launch_run, load_config(DEMO_CONFIG, overrides))
     sets = [arg for override in overrides for arg in ("--set", override)]
-    assert main(["report", "--config", str(config_path), *sets]) == 0
+    assert main(["report", "--config", str(DEMO_CONFIG), *sets]) == 0
     page_path = tmp_path / "run" / "report.html"
 
     errors: list[str] = []

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import trio
+from demo_run import DEMO_CONFIG, DEMO_DATA, demo_paths
 
 from orchestrator.commands.launch import launch_run
 from orchestrator.config import load_config
@@ -26,7 +27,6 @@ from orchestrator.tasks.reward_pool import RewardFailed
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "integration"
-DATA = ROOT / "demo" / "data"
 
 ARGUMENTS: dict[str, Any] = {
     "prompt": [{"role": "user", "content": "Name a capital."}],
@@ -120,14 +120,13 @@ async def test_the_demo_scores_on_ray_and_a_reward_that_fails_remotely_discards_
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     config = load_config(
-        ROOT / "configs" / "demo.toml",
+        DEMO_CONFIG,
         [
-            f'run_dir="{tmp_path / "run"}"',
-            f'model.tokenizer="{ROOT / "demo" / "model"}"',
-            f'env=[{{name = "arith", dataset = "{DATA / "arith.jsonl"}", prompt = "question", '
+            *demo_paths(tmp_path / "run"),
+            f'env=[{{name = "arith", dataset = "{DEMO_DATA / "arith.jsonl"}", '
+            'prompt = "question", '
             'answer = "answer", rewards = ["remote_rewards:flaky", '
             '"orchestrator.rewards:number_format"], max_tokens = 16}]',
-            f'eval.env.0.dataset="{DATA / "arith_eval.jsonl"}"',
             'eval.env.0.rewards=["remote_rewards:flaky"]',
             "eval.num_examples=16",
             "max_steps=3",

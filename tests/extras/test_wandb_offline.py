@@ -14,13 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from demo_run import DEMO_CONFIG, demo_paths
 from wandb.proto import wandb_internal_pb2
 
 from orchestrator.commands.launch import launch_run
 from orchestrator.config import Config, load_config
-
-ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "demo" / "data"
 
 
 def history(log: Path) -> list[dict[str, Any]]:
@@ -59,13 +57,9 @@ def history(log: Path) -> list[dict[str, Any]]:
 
 def config(run_dir: Path, steps: int) -> Config:
     return load_config(
-        ROOT / "configs" / "demo.toml",
+        DEMO_CONFIG,
         [
-            f'run_dir="{run_dir}"',
-            f'model.tokenizer="{ROOT / "demo" / "model"}"',
-            f'env.0.dataset="{DATA / "arith.jsonl"}"',
-            f'env.1.dataset="{DATA / "chat.jsonl"}"',
-            f'eval.env.0.dataset="{DATA / "arith_eval.jsonl"}"',
+            *demo_paths(run_dir),
             "eval.num_examples=8",
             f"max_steps={steps}",
             "wandb.enabled=true",

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import structlog.testing
 import trio
+from demo_run import DEMO_CONFIG, DEMO_MODEL, demo_paths
 
 from orchestrator.commands.launch import launch_run
 from orchestrator.config import Config, load_config
@@ -26,22 +27,14 @@ from orchestrator.handoff import shipped_steps
 from orchestrator.sim.fleet import sim_inference_config
 from orchestrator.sim.inference import serve_inference
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "configs" / "demo.toml"
-DATA = ROOT / "demo" / "data"
-
 pytestmark = pytest.mark.slow
 
 
 def eval_config(run_dir: Path, urls: list[str], *overrides: str) -> Config:
     return load_config(
-        DEMO,
+        DEMO_CONFIG,
         [
-            f'run_dir="{run_dir}"',
-            f'model.tokenizer="{ROOT / "demo" / "model"}"',
-            f'env.0.dataset="{DATA / "arith.jsonl"}"',
-            f'env.1.dataset="{DATA / "chat.jsonl"}"',
-            f'eval.env.0.dataset="{DATA / "arith_eval.jsonl"}"',
+            *demo_paths(run_dir),
             "eval.num_examples=8",
             "eval.rollouts_per_example=2",
             "rewards.workers=2",
@@ -57,7 +50,7 @@ def eval_config(run_dir: Path, urls: list[str], *overrides: str) -> Config:
 @asynccontextmanager
 async def two_servers(*overrides: str) -> AsyncIterator[list[str]]:
     """The demo's two local servers (with `overrides` of its config), started here."""
-    fleet = load_config(DEMO, [*overrides, f'model.tokenizer="{ROOT / "demo" / "model"}"'])
+    fleet = load_config(DEMO_CONFIG, [*overrides, f'model.tokenizer="{DEMO_MODEL}"'])
     async with trio.open_nursery() as nursery:
         urls = [
             str(await nursery.start(serve_inference, sim_inference_config(fleet, index)))

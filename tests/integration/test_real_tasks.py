@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import structlog.testing
 import trio
+from demo_run import DEMO_CONFIG, DEMO_DATA, DEMO_MODEL, demo_paths
 
 from orchestrator.commands.launch import launch_run
 from orchestrator.config import Config, load_config
@@ -19,23 +20,16 @@ from orchestrator.daemon import RunOutcome
 from orchestrator.handoff import BATCH_FILE, read_batch_file, shipped_steps
 from orchestrator.tasks.chat import ChatTokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "configs" / "demo.toml"
-MODEL = ROOT / "demo" / "model"
-ARITH = ROOT / "demo" / "data" / "arith.jsonl"
+ARITH = DEMO_DATA / "arith.jsonl"
 
 pytestmark = pytest.mark.slow
 
 
 def demo_config(run_dir: Path, *overrides: str) -> Config:
     return load_config(
-        DEMO,
+        DEMO_CONFIG,
         [
-            f'run_dir="{run_dir}"',
-            f'model.tokenizer="{MODEL}"',
-            f'env.0.dataset="{ARITH}"',
-            f'env.1.dataset="{ROOT / "demo" / "data" / "chat.jsonl"}"',
-            f'eval.env.0.dataset="{ROOT / "demo" / "data" / "arith_eval.jsonl"}"',
+            *demo_paths(run_dir),
             "eval.num_examples=8",
             "rewards.workers=2",
             "sim.train_time_s=0.05",
@@ -62,7 +56,7 @@ async def test_a_demo_run_trains_on_the_rendered_dataset_rows(tmp_path: Path) ->
     with trio.fail_after(120):
         outcome: RunOutcome = await launch_run(config)
     assert shipped_steps(config.batches_dir) == [1, 2, 3]
-    tokenizer = ChatTokenizer.load(MODEL, require_chat_template=True)
+    tokenizer = ChatTokenizer.load(DEMO_MODEL, require_chat_template=True)
     arith = rows(ARITH)
     samples = shipped_samples(config)
     assert {s.env for s in samples} <= {"arith", "chat"} and samples
@@ -215,7 +209,7 @@ async def test_a_plugin_environment_plays_multi_turn_episodes_bridged_onto_sampl
     with trio.fail_after(180):
         outcome = await launch_run(config)
     assert shipped_steps(config.batches_dir) == [1, 2, 3]
-    tokenizer = ChatTokenizer.load(MODEL, require_chat_template=True)
+    tokenizer = ChatTokenizer.load(DEMO_MODEL, require_chat_template=True)
     samples = shipped_samples(config)
     assert samples and {s.env for s in samples} == {"game"}
     multi_turn = 0

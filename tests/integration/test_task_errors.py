@@ -11,31 +11,19 @@ import shutil
 from pathlib import Path
 
 import pytest
+from demo_run import DEMO_CONFIG, DEMO_MODEL, demo_paths
 
 from orchestrator.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "configs" / "demo.toml"
-MODEL = ROOT / "demo" / "model"
-ARITH = ROOT / "demo" / "data" / "arith.jsonl"
-CHAT = ROOT / "demo" / "data" / "chat.jsonl"
-
 
 def overrides(run_dir: Path, *more: str) -> list[str]:
-    base = [
-        f'run_dir="{run_dir}"',
-        f'model.tokenizer="{MODEL}"',
-        f'env.0.dataset="{ARITH}"',
-        f'env.1.dataset="{CHAT}"',
-        f'eval.env.0.dataset="{ROOT / "demo" / "data" / "arith_eval.jsonl"}"',
-        *more,
-    ]
+    base = [*demo_paths(run_dir), *more]
     return [arg for override in base for arg in ("--set", override)]
 
 
 def model_without_template(tmp_path: Path) -> Path:
     folder = tmp_path / "model"
-    shutil.copytree(MODEL, folder)
+    shutil.copytree(DEMO_MODEL, folder)
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config.pop("chat_template")
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
@@ -79,7 +67,7 @@ def test_check_config_names_the_problem_in_one_line(
     case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     change, expected = CASES[case]
-    code = main(["check-config", str(DEMO), *overrides(tmp_path / "run", *change(tmp_path))])
+    code = main(["check-config", str(DEMO_CONFIG), *overrides(tmp_path / "run", *change(tmp_path))])
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and "Traceback" not in err, err
@@ -96,7 +84,7 @@ def test_run_refuses_before_touching_the_payload_root(
     left = run_dir / "payloads" / "v3" / "left.bin"
     left.parent.mkdir(parents=True)
     left.write_bytes(b"x" * 10)
-    code = main(["run", "--config", str(DEMO), *overrides(run_dir, *change(tmp_path))])
+    code = main(["run", "--config", str(DEMO_CONFIG), *overrides(run_dir, *change(tmp_path))])
     err = capsys.readouterr().err
     assert code == 2
     assert "Traceback" not in err

@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 import httpx
 import trio
+from demo_run import demo_paths
 
 from orchestrator.commands.launch import launch_run
 from orchestrator.commands.summary import check_invariants
@@ -258,11 +259,7 @@ def against_vllm(run_dir: Path, server: Server, model: Path, *more: str) -> list
     (upstream vLLM has no by-handle mode), no sampling mask (it captures none), weights
     loaded through its dev endpoints from checkpoints the local trainer writes."""
     return [
-        f'run_dir="{run_dir}"',
-        f'model.tokenizer="{model}"',
-        f'env.0.dataset="{ROOT / "demo" / "data" / "arith.jsonl"}"',
-        f'env.1.dataset="{ROOT / "demo" / "data" / "chat.jsonl"}"',
-        f'eval.env.0.dataset="{ROOT / "demo" / "data" / "arith_eval.jsonl"}"',
+        *demo_paths(run_dir, model=model),
         "eval.num_examples=4",
         "eval.rollouts_per_example=2",
         "sim.inference_servers=0",

@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+# Run as a script: the kit, and the demo's config helpers it uses (tests/support).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _vllm_kit import BASE_FLAGS, ROOT, ROUTING_FLAG, generate, tiny_model, vllm_server

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+# Run as a script: the kit, and the demo's config helpers it uses (tests/support).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _vllm_kit import ROOT, against_vllm, tiny_model, vllm_server
