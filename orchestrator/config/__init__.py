@@ -17,6 +17,7 @@ from cattrs.errors import BaseValidationError
 
 from orchestrator.config.converter import make_config_converter
 from orchestrator.config.errors import ConfigError, InvalidValue, first_problem
+from orchestrator.config.sections import SIM_VLLM_VERSION as SIM_VLLM_VERSION
 from orchestrator.config.sections import BatchConfig as BatchConfig
 from orchestrator.config.sections import Config as Config
 from orchestrator.config.sections import EnvConfig as EnvConfig
@@ -45,6 +46,7 @@ from orchestrator.config.sources import (
 from orchestrator.config.toml import config_to_toml as config_to_toml
 
 __all__ = [
+    "SIM_VLLM_VERSION",
     "BatchConfig",
     "Config",
     "ConfigError",

@@ -58,6 +58,9 @@ WeightsLayout = StepLayout
 
 # Every local inference server listens on loopback, so together they are one host.
 LOCAL_HOST = "127.0.0.1"
+#: What the local fleet's `GET /version` answers unless `[sim] vllm_version` says: no
+#: release of vLLM, so none of `orchestrator.wire.MOE_RELOAD_BROKEN`.
+SIM_VLLM_VERSION = "0.0.0+sim"
 
 
 def _absolute_path(value: str | os.PathLike[str]) -> Path:
@@ -426,6 +429,10 @@ class SimConfig:
     capture_sampling_mask: bool = True
     # By handle, each segment carries its bytes' digest (this project's extension).
     payload_digests: bool = False
+    # What the servers' GET /version answers, as vLLM names its release. The default is
+    # no release of vLLM (the simulator reloads every weight); "0.30.0" makes them pass
+    # for a vLLM that drops a MoE model's expert weights on reload (design.md §13).
+    vllm_version: str = SIM_VLLM_VERSION
     time_per_token_s: float = attrs.field(default=0.0, validator=at_least(0))
     # Requests each server generates at once, the rest queue (vLLM's max_num_seqs); 0: any.
     max_num_seqs: int = attrs.field(default=0, validator=at_least(0))

@@ -56,6 +56,7 @@ from orchestrator.daemon.settings import inflight_limit, probe_settings, sink_li
 from orchestrator.daemon.shipper import Shipper
 from orchestrator.daemon.startup import (
     StartPoint,
+    check_moe_reload,
     find_start_point,
     wait_for_version,
     wipe_payload_root,
@@ -139,7 +140,9 @@ async def run_daemon(
 
     Reports its `RunState` through `task_status` once dispatching has started, so a test
     or a status endpoint can watch it. Raises `UserError` for a start-up refusal (a payload
-    root the wipe refuses), `InferenceUnavailable` when servers stay away too long.
+    root the wipe refuses; a mixture-of-experts model with `weight_update = "vllm"`
+    against a vLLM that does not reload its experts, `check_moe_reload`),
+    `InferenceUnavailable` when servers stay away too long.
 
     `stop` (the `run` command's signals): a request stops the run gracefully once
     dispatching, at once before (see `orchestrator.daemon.stop`); the outcome says so.
@@ -157,6 +160,8 @@ async def run_daemon(
     async with open_wandb_log(config) as wandb:
         services.lines.mirror_to(wandb)
         with scope:
+            # Before anything changes: a run the servers would silently get wrong.
+            await check_moe_reload(config, servers, token)
             with trio.CancelScope(shield=True):  # a worker thread finishes it anyway
                 start = await trio.to_thread.run_sync(_find_start, config, handoff, state)
             await trio.lowlevel.checkpoint()  # a stop asked for already: nothing done

@@ -1,16 +1,25 @@
 """Start-up sync (docs/design.md §7): a fresh run wipes the payload root; a resumed run keeps it,
-waits for the trainer to publish the last shipped step, applies it, and collects."""
+waits for the trainer to publish the last shipped step, applies it, and collects.
+
+Before any of it, `check_moe_reload` refuses a run whose weight updates the servers would
+silently get wrong (a mixture-of-experts model reloaded by a vLLM release that drops its
+expert weights: `orchestrator.wire.MOE_RELOAD_BROKEN`)."""
 
 from __future__ import annotations
 
 import functools
+import ssl
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
+import httpx
 import structlog
 import trio
 from payload_gc import PayloadGCError, wipe_root_async
 
+from orchestrator.config import Config
+from orchestrator.daemon.inference.credentials import BearerToken
 from orchestrator.errors import UserError
 from orchestrator.handoff import (
     BatchFormat,
@@ -21,8 +30,67 @@ from orchestrator.handoff import (
     newest_published_version,
     remove_partial_batches,
 )
+from orchestrator.wire import MOE_RELOAD_BROKEN, VERSION_PATH, moe_reload_refusal
 
 log = structlog.get_logger(__name__)
+
+#: How long the start-up check waits for the servers' `GET /version`, all at once.
+VERSION_TIMEOUT_S = 5.0
+
+
+def is_moe(config: Config) -> bool:
+    """Whether the run's model is a mixture of experts, as far as its config says: it
+    requests routing (`routed_experts` exists on MoE models only) or sets the routing
+    shape (`payload.num_experts`)."""
+    return "routed_experts" in config.payload.fields or config.payload.num_experts > 0
+
+
+async def check_moe_reload(
+    config: Config, servers: Sequence[str], token: BearerToken | None = None
+) -> None:
+    """Refuse (`UserError`, `moe_reload_refusal`'s line) a `weight_update = "vllm"` run
+    of a MoE model against servers whose `GET /version` names a release in
+    `MOE_RELOAD_BROKEN`. Servers whose version cannot be read (down, 404, not JSON)
+    within `VERSION_TIMEOUT_S` are not refused: one warning says the check was not made
+    for them. Does nothing (no request) for another protocol or a dense model."""
+    protocol = config.inference.weight_update
+    moe = is_moe(config)
+    if protocol != "vllm" or not moe or not servers:
+        return
+    versions: dict[str, str | None] = {}
+    headers = {} if token is None else {"authorization": token.authorization}
+    # Loading the trust store blocks for up to a second: in a worker thread.
+    tls: ssl.SSLContext = await trio.to_thread.run_sync(ssl.create_default_context)
+    async with httpx.AsyncClient(timeout=None, verify=tls, headers=headers) as client:
+        with trio.move_on_after(VERSION_TIMEOUT_S):
+            async with trio.open_nursery() as nursery:
+                for url in servers:
+                    nursery.start_soon(_read_version, client, url.rstrip("/"), versions)
+    refusal = moe_reload_refusal(protocol, [v for v in versions.values() if v is not None], moe=moe)
+    if refusal is not None:
+        raise UserError(refusal)
+    unread = [url for url in servers if versions.get(url.rstrip("/")) is None]
+    if unread:
+        log.warning(
+            "cannot check the servers' vLLM version: a mixture-of-experts model reloaded "
+            f"by vLLM {', '.join(MOE_RELOAD_BROKEN)} computes with expert weights that are "
+            "not the checkpoint's",
+            servers=unread[:5],
+            more=max(0, len(unread) - 5),
+        )
+
+
+async def _read_version(
+    client: httpx.AsyncClient, url: str, versions: dict[str, str | None]
+) -> None:
+    versions[url] = None
+    try:
+        response = await client.get(url + VERSION_PATH)
+        answer = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return
+    if isinstance(answer, dict) and isinstance(answer.get("version"), str):
+        versions[url] = answer["version"]
 
 
 @attrs.frozen

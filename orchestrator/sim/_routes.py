@@ -8,7 +8,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Awaitable, Callable, Mapping
 
-from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH
+from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH, VERSION_PATH
 
 from ._asgi import (
     BodyTooLarge,
@@ -57,13 +57,15 @@ async def route_request(
     health: Callable[[Send], Awaitable[None]],
     control: Mapping[str, Handler] | None = None,
     api_key: str = "",
+    version: str | None = None,
 ) -> None:
     """Serve one ASGI call: the lifespan protocol, and for an HTTP request the handler of
     its path and method (`control`: more `POST` paths, vLLM's dev-mode endpoints); 405
     for a known path with another method, 404 for any other path. With `api_key`, a
     request to a path vLLM's `--api-key` guards without `Authorization: Bearer <api_key>`
-    is answered 401 `{"error": "Unauthorized"}`, as vLLM answers it. Other scope types
-    (websockets) are ignored."""
+    is answered 401 `{"error": "Unauthorized"}`, as vLLM answers it. With `version`,
+    `GET /version` answers `{"version": version}` as vLLM does (else 404). Other scope
+    types (websockets) are ignored."""
     if scope["type"] == "lifespan":
         await serve_lifespan(receive, send)
         return
@@ -82,7 +84,15 @@ async def route_request(
         await update_weights(receive, send)
     elif route == ("GET", HEALTH_PATH):
         await health(send)
-    elif scope["path"] in (GENERATE_PATH, UPDATE_WEIGHTS_PATH, HEALTH_PATH, *extra):
+    elif version is not None and route == ("GET", VERSION_PATH):
+        await send_json(send, 200, {"version": version})
+    elif scope["path"] in (
+        GENERATE_PATH,
+        UPDATE_WEIGHTS_PATH,
+        HEALTH_PATH,
+        *((VERSION_PATH,) if version is not None else ()),
+        *extra,
+    ):
         await send_error(send, 405, f"Method {scope['method']} not allowed")
     else:
         await send_error(send, 404, f"No route {scope['path']}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import attrs
 
+from orchestrator.config import SIM_VLLM_VERSION
 from orchestrator.reply_form_names import DEFAULT_REPLY_FORM, ReplyFormName
 
 from ._faults import FaultRates
@@ -71,6 +72,10 @@ class SimInferenceConfig:
     - `api_key`: the bearer token requests to vLLM's guarded paths (the generate endpoint)
       must carry, as `vllm serve --api-key` asks for it (401 without); "": none. In a P/D
       deployment the router asks for it.
+    - `vllm_version`: what `GET /version` answers, as vLLM names its release. The default
+      is no release (the simulator reloads every weight); a test sets a release of
+      `orchestrator.wire.MOE_RELOAD_BROKEN` to be treated as that vLLM; None: no such
+      endpoint (404).
 
     Raises `ValueError` from the constructor when a field is out of range.
     """
@@ -97,6 +102,7 @@ class SimInferenceConfig:
     disaggregated: bool = False
     max_num_seqs: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     api_key: str = attrs.field(default="", repr=False)
+    vllm_version: str | None = SIM_VLLM_VERSION
 
     def __attrs_post_init__(self) -> None:
         if self.disaggregated and self.role != "aggregated":

@@ -71,6 +71,7 @@ def sim_inference_config(config: Config, index: int, *, port: int = 0) -> SimInf
         fault_seed=abs(sim.fault_seed) * 1000 + index,
         fsync=config.payload.fsync,
         disaggregated=config.inference.disaggregated,
+        vllm_version=config.sim.vllm_version,
     )
 
 

@@ -12,7 +12,8 @@
   masks are captured is a server setting, as in vLLM; routing rows run from the request's
   `routed_experts_prompt_start` to the last token run forward;
 - `POST /update_weights`: record a new weight directory and the version it names;
-- `GET /health`: served version, request counts, injected faults, payload bytes written.
+- `GET /health`: served version, request counts, injected faults, payload bytes written;
+- `GET /version`: the vLLM release it passes for, `{"version": vllm_version}`.
 
 A server may also be one side of disaggregated prefill/decode (`role`): a prefill server
 answers only requests a P/D router prepared and announces the prompt's KV blocks in
@@ -207,6 +208,7 @@ class _InferenceApp:
             if self.state.config.reply_form == "upstream"
             else None,
             api_key=self.state.config.api_key,
+            version=self.state.config.vllm_version,
         )
 
     def _vllm_dev_endpoints(self) -> dict[str, Handler]:

@@ -10,12 +10,15 @@ from orchestrator.wire.generate import (
     parse_generate_response,
 )
 from orchestrator.wire.weight_updates import (
+    MOE_RELOAD_BROKEN,
     UPDATE_WEIGHTS_PATH,
+    VERSION_PATH,
     VLLM_DEV_PATHS,
     WEIGHT_UPDATES,
     ControlCall,
     WeightUpdate,
     WeightUpdatePlan,
+    moe_reload_refusal,
     refusal_hint,
     weight_update_plan,
 )
@@ -28,9 +31,11 @@ HEALTH_PATH = "/health"
 __all__ = [
     "GENERATE_PATH",
     "HEALTH_PATH",
+    "MOE_RELOAD_BROKEN",
     "REQUEST_KEYS",
     "SAMPLING_KEYS",
     "UPDATE_WEIGHTS_PATH",
+    "VERSION_PATH",
     "VLLM_DEV_PATHS",
     "WEIGHT_UPDATES",
     "ControlCall",
@@ -38,6 +43,7 @@ __all__ = [
     "WeightUpdate",
     "WeightUpdatePlan",
     "build_generate_request",
+    "moe_reload_refusal",
     "parse_generate_response",
     "refusal_hint",
     "weight_update_plan",

@@ -15,11 +15,15 @@ each `[inference] weight_update` protocol, as data (the daemon's client sends th
 
 Pure: no I/O. Confirmed against vLLM 0.30.0's `entrypoints/serve/dev` routers and
 `gpu_model_runner.reload_weights` (docs/protocol.md § Weight updates).
+
+`moe_reload_refusal` decides whether a run may use `"vllm"` at all: the vLLM releases in
+`MOE_RELOAD_BROKEN` reload a mixture-of-experts model without its expert weights, so
+such a run would generate with weights that are not the trainer's (docs/design.md §13).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,6 +43,20 @@ VLLM_DEV_PATHS = (
     "/update_weight_version",
     "/resume",
 )
+
+
+#: The endpoint where vLLM (and the local fleet) names its release: `{"version": "0.30.0"}`.
+VERSION_PATH = "/version"
+
+#: vLLM releases whose `reload_weights` does not load a mixture-of-experts model's expert
+#: weights correctly: it logs `Following weights were not loaded from checkpoint:
+#: {...w13_weight, ...w2_weight}`, and on the CPU copies the new experts into the
+#: kernel's prepacked storage unpacked (docs/design.md §13), so every rollout after the
+#: first update comes from weights that are not the trainer's. Dense models
+#: reload correctly. A `"vllm"` run of a MoE model against one of these is refused at
+#: start (`moe_reload_refusal`). Matched on the public part of the version, so a local
+#: build label (`0.30.0+cu129`) counts as its release.
+MOE_RELOAD_BROKEN: tuple[str, ...] = ("0.30.0",)
 
 
 @attrs.frozen
@@ -108,3 +126,22 @@ def refusal_hint(protocol: WeightUpdate, call: ControlCall, status: int) -> str 
             "VLLM_SERVER_DEV_MODE=1"
         )
     return None
+
+
+def moe_reload_refusal(protocol: WeightUpdate, versions: Iterable[str], *, moe: bool) -> str | None:
+    """Why a run with `protocol` may not start against servers reporting `versions`
+    (their `GET /version`) on a model that is (`moe`) a mixture of experts: one line
+    naming the fix, or None when nothing is wrong (another protocol, a dense model, or
+    no version in `MOE_RELOAD_BROKEN`)."""
+    if protocol != "vllm" or not moe:
+        return None
+    broken = sorted({v for v in versions if v.strip().split("+", 1)[0] in MOE_RELOAD_BROKEN})
+    if not broken:
+        return None
+    return (
+        f"vLLM {', '.join(broken)} does not reload a mixture-of-experts model's expert "
+        'weights (weight_update = "vllm" would generate with weights that are not the '
+        "trainer's): serve the model with `orchestrator-vllm serve` and set [inference] "
+        'weight_update = "prime-rl", or set weight_update = "none" with a trainer that '
+        "pushes weights itself"
+    )

@@ -17,6 +17,8 @@ from orchestrator.commands.launch import launch_run
 from orchestrator.config import Config, load_config
 from orchestrator.daemon.inference.client import load_weights
 from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.startup import check_moe_reload
+from orchestrator.errors import UserError
 from orchestrator.sim import SimInferenceConfig, serve_inference
 from orchestrator.sim._model import SimModel
 from orchestrator.wire import ControlCall, InferenceFailure, weight_update_plan
@@ -130,3 +132,69 @@ async def test_prime_rl_updates_against_upstream_vllm_are_refused_with_the_fix(
     assert failed and 'weight_update = "vllm"' in failed[0]["error"]
     down = [e for e in logs if e["event"] == "inference server down"]
     assert "did not load v1" in down[0]["reason"]
+
+
+async def test_a_moe_run_against_a_vllm_that_drops_experts_is_refused_at_start(
+    tmp_path: Path,
+) -> None:
+    # vLLM 0.30.0 reloads a MoE checkpoint without its expert weights: the run (routing
+    # requested, so a MoE) is refused before anything is wiped or dispatched.
+    config = run_config(tmp_path / "run", "upstream", "vllm", 'sim.vllm_version="0.30.0"')
+    assert "routed_experts" in config.payload.fields
+    with (
+        structlog.testing.capture_logs() as logs,
+        trio.fail_after(30),
+        pytest.raises(UserError) as refused,
+    ):
+        await launch_run(config)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("vLLM 0.30.0 does not reload a mixture-of-experts model's")
+    assert "orchestrator-vllm serve" in message
+    assert 'weight_update = "prime-rl"' in message
+    events = {e["event"] for e in logs}
+    assert "fresh run" not in events
+    assert "weights updated" not in events
+    assert not config.payload_root.exists()  # the fresh-run wipe creates it
+    assert not config.batches_dir.exists() or not any(config.batches_dir.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("version", "weight_update", "more"),
+    [
+        ("0.31.0", "vllm", ()),  # a release that reloads experts
+        ("0.30.0", "none", ()),  # the trainer pushes the weights
+        ("0.30.0", "vllm", ("payload.fields=[]",)),  # a dense model
+    ],
+)
+async def test_runs_the_defect_does_not_touch_start(
+    tmp_path: Path, version: str, weight_update: str, more: tuple[str, ...]
+) -> None:
+    config = run_config(
+        tmp_path / "run", "upstream", weight_update, f'sim.vllm_version="{version}"', *more
+    )
+    with structlog.testing.capture_logs() as logs, trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            state: RunState = await nursery.start(launch_run, config)
+            while state.shipping.next_step < 2:
+                await state.wait_changed()
+            nursery.cancel_scope.cancel()
+    assert not [e for e in logs if e["log_level"] == "warning" and "vLLM" in e["event"]]
+
+
+async def test_a_version_that_cannot_be_read_is_warned_about_not_refused(
+    tmp_path: Path,
+) -> None:
+    config = run_config(tmp_path / "run", "upstream", "vllm")
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            serve_inference,
+            SimInferenceConfig(model=SimModel(), reply_form="upstream", vllm_version=None),
+        )
+        with structlog.testing.capture_logs() as logs, trio.fail_after(30):
+            await check_moe_reload(config, [url, "http://127.0.0.1:9"])
+        nursery.cancel_scope.cancel()
+    warned = [e for e in logs if e["log_level"] == "warning"]
+    assert len(warned) == 1
+    assert "cannot check the servers' vLLM version" in warned[0]["event"]
+    assert warned[0]["servers"] == [url, "http://127.0.0.1:9"]

@@ -281,8 +281,21 @@ def test_the_command_refuses_a_vllm_it_does_not_know(
     assert "is not an absolute path" in capsys.readouterr().err
     argv = cli.prepare(["serve", "model", "--payload-root", str(tmp_path), "--port=1", "--pay"])
     # The writer's flags are its own; vLLM's (and any prefix of one) go through.
-    assert argv == ["vllm", "serve", "model", "--port=1", "--pay", "--middleware", cli.MIDDLEWARE]
+    assert argv == [
+        "vllm",
+        "serve",
+        "model",
+        "--port=1",
+        "--pay",
+        "--middleware",
+        cli.MIDDLEWARE,
+        "--worker-extension-cls",
+        cli.WORKER_EXTENSION,
+    ]
     assert os.environ["ORCH_VLLM_PAYLOAD_ROOT"] == str(tmp_path)
+    # Weight loads need the writer's own worker extension.
+    assert cli.main(["serve", "model", "--worker-extension-cls=mine.Worker"]) == 2
+    assert "--worker-extension-cls is taken" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("reply", [{"unexpected": 1}, {"choices": "no list"}, {"choices": [7]}])

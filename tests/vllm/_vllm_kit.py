@@ -256,8 +256,10 @@ def generate(
 
 def against_vllm(run_dir: Path, server: Server, model: Path, *more: str) -> list[str]:
     """`--set`s that point the demo's real tasks at a real vLLM server: inline routing
-    (upstream vLLM has no by-handle mode), no sampling mask (it captures none), weights
-    loaded through its dev endpoints from checkpoints the local trainer writes."""
+    (upstream vLLM has no by-handle mode), no sampling mask (it captures none), the
+    checkpoints the local trainer writes loaded through prime-rl's `/update_weights`,
+    which `orchestrator-vllm serve` answers (a plain `vllm serve` of the MoE cannot load
+    them: its runs set `inference.weight_update` in `more`)."""
     return [
         *demo_paths(run_dir, model=model),
         "eval.num_examples=4",
@@ -267,7 +269,7 @@ def against_vllm(run_dir: Path, server: Server, model: Path, *more: str) -> list
         "sim.trainer=true",
         "sim.train_time_s=0.05",
         f'sim.trainer_checkpoint="{model}"',
-        'inference.weight_update="vllm"',
+        'inference.weight_update="prime-rl"',
         'payload.mode="inline"',
         'payload.fields=["routed_experts"]',
         "trainer.poll_interval_s=0.1",

@@ -122,8 +122,8 @@ def test_the_server_refuses_a_hostile_payload_dir(
 
 
 async def run(server: Server, model: Path, run_dir: Path, steps: int, *more: str):
-    # The weights stay the base checkpoint (vLLM 0.30.0 cannot reload MoE experts), so
-    # two runs of the same seeds sample the same tokens.
+    # The weights stay the base checkpoint, so two runs of the same seeds sample the same
+    # tokens.
     return await run_against(server, model, run_dir, steps, 'inference.weight_update="none"', *more)
 
 

@@ -2,7 +2,9 @@
 serve]`: vLLM's own server, with the payload writer added.
 
 The command's own flags are taken out; everything else goes to `vllm serve` as it is,
-plus `--middleware orchestrator_vllm.middleware.PayloadWriter`. Before vLLM starts:
+plus `--middleware orchestrator_vllm.middleware.PayloadWriter` and `--worker-extension-cls
+orchestrator_vllm.worker.WeightLoader` (prime-rl's `POST /update_weights {"weight_dir"}`,
+`weight_loads.py`; a worker extension of the user's own is refused). Before vLLM starts:
 
 - the installed vLLM must be one of `SUPPORTED_VLLM`: any other is refused with one line,
   since the writer reads vLLM's reply form and would not notice it change;
@@ -25,6 +27,8 @@ from orchestrator_vllm import SUPPORTED_VLLM
 from orchestrator_vllm.middleware import FSYNC_ENV, ROOT_ENV, THREADS_ENV
 
 MIDDLEWARE = "orchestrator_vllm.middleware.PayloadWriter"
+#: The worker extension `POST /update_weights` loads checkpoints with (`worker.py`).
+WORKER_EXTENSION = "orchestrator_vllm.worker.WeightLoader"
 PROG = "orchestrator-vllm"
 
 
@@ -52,6 +56,11 @@ def prepare(args: list[str]) -> list[str]:
     if not args or args[0] != "serve":
         raise Refused("usage: orchestrator-vllm serve MODEL [--payload-root DIR] [vllm flags]")
     own, rest = _parser().parse_known_args(args[1:])
+    if any(arg.split("=", 1)[0] == "--worker-extension-cls" for arg in rest):
+        raise Refused(
+            "--worker-extension-cls is taken: orchestrator-vllm loads weights with its own "
+            f"({WORKER_EXTENSION})"
+        )
     distribution, version = installed_vllm()
     if version not in SUPPORTED_VLLM:
         raise Refused(
@@ -73,7 +82,15 @@ def prepare(args: list[str]) -> list[str]:
         os.environ.pop(ROOT_ENV, None)
     os.environ[FSYNC_ENV] = "1" if own.payload_fsync else "0"
     os.environ[THREADS_ENV] = str(own.writer_threads)
-    return ["vllm", "serve", *rest, "--middleware", MIDDLEWARE]
+    return [
+        "vllm",
+        "serve",
+        *rest,
+        "--middleware",
+        MIDDLEWARE,
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
+    ]
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -34,8 +34,10 @@ import posixpath
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from orchestrator_vllm.errors import error_body
 from orchestrator_vllm.files import PayloadDirRefused, lexical_problem, open_payload_dir, write_file
 from orchestrator_vllm.payloads import ReplyProblem, choice_arrays, segments
+from orchestrator_vllm.weight_loads import update_weights
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -44,6 +46,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 GENERATE_PATH = "/inference/v1/generate"
+#: prime-rl's weight update, `{"weight_dir": DIR}` (`weight_loads.py`).
+UPDATE_WEIGHTS_PATH = "/update_weights"
 #: The environment variables `orchestrator-vllm serve` passes its flags in.
 ROOT_ENV = "ORCH_VLLM_PAYLOAD_ROOT"
 FSYNC_ENV = "ORCH_VLLM_PAYLOAD_FSYNC"
@@ -82,15 +86,21 @@ class PayloadWriter:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope["method"] != "POST"
-            or scope["path"].removeprefix(scope.get("root_path", "")) != GENERATE_PATH
-        ):
+        path = scope["path"].removeprefix(scope.get("root_path", "")) if "path" in scope else ""
+        if scope["type"] != "http" or scope["method"] != "POST" or path not in _OWN_PATHS:
             await self.app(scope, receive, send)
             return
         body, complete = await _read_body(receive)
         replay = _replaying(body, complete, receive)
+        if path == UPDATE_WEIGHTS_PATH:
+            weight_dir = _weight_dir(body) if complete else None
+            if weight_dir is None:
+                # Not prime-rl's body: vLLM's own /update_weights answers it.
+                await self.app(scope, replay, send)
+                return
+            status, loaded = await update_weights(scope["app"].state.engine_client, weight_dir)
+            await _send_json(send, status, loaded)
+            return
         request = _payload_request(body) if complete else None
         if request is None:
             await self.app(scope, replay, send)
@@ -148,6 +158,18 @@ class PayloadWriter:
         choice["routed_experts"] = None
         if "sampling_mask" in choice:
             choice["sampling_mask"] = None
+
+
+_OWN_PATHS = (GENERATE_PATH, UPDATE_WEIGHTS_PATH)
+
+
+def _weight_dir(body: bytes) -> Any:
+    """The `weight_dir` of prime-rl's `/update_weights` body; None for any other body."""
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return None
+    return request.get("weight_dir") if isinstance(request, dict) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,19 +246,6 @@ class _Captured:
     async def forward(self, send: Send) -> None:
         for message in self._messages:
             await send(message)
-
-
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """vLLM's `ErrorResponse`."""
-    kinds = {400: "BadRequestError", 404: "NotFoundError"}
-    return {
-        "error": {
-            "message": message,
-            "type": kinds.get(status, "InternalServerError"),
-            "param": None,
-            "code": status,
-        }
-    }
 
 
 async def _send_json(
