@@ -20,6 +20,7 @@ from payload_gc import PayloadGCError, wipe_root_async
 
 from orchestrator.config import Config
 from orchestrator.daemon.inference.credentials import BearerToken
+from orchestrator.daemon.inference.http_clients import control_client
 from orchestrator.errors import UserError
 from orchestrator.handoff import (
     BatchFormat,
@@ -58,10 +59,9 @@ async def check_moe_reload(
     if protocol != "vllm" or not moe or not servers:
         return
     versions: dict[str, str | None] = {}
-    headers = {} if token is None else {"authorization": token.authorization}
     # Loading the trust store blocks for up to a second: in a worker thread.
     tls: ssl.SSLContext = await trio.to_thread.run_sync(ssl.create_default_context)
-    async with httpx.AsyncClient(timeout=None, verify=tls, headers=headers) as client:
+    async with control_client(tls, token) as client:
         with trio.move_on_after(VERSION_TIMEOUT_S):
             async with trio.open_nursery() as nursery:
                 for url in servers:

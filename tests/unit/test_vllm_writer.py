@@ -13,6 +13,7 @@ import io
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -306,3 +307,109 @@ def test_a_reply_the_writer_does_not_know_goes_back_as_vllm_sent_it(
     status, _, data = call(app, json.dumps(request(str(root / "v0"))).encode())
     assert (status, json.loads(data)) == (200, reply)
     assert list(root.iterdir()) == []
+
+
+class RecordingEngine:
+    """The engine calls `/update_weights` makes, recorded; the workers' check answers
+    `problem` (None: the checkpoint fits)."""
+
+    def __init__(self, problem: str | None = None) -> None:
+        self.problem = problem
+        self.calls: list[str] = []
+
+    async def collective_rpc(self, method: str, args: tuple = ()) -> list:
+        self.calls.append(method)
+        return [self.problem] if method == "orchestrator_check_weights" else [0.01]
+
+    async def pause_generation(self, *, mode: str) -> None:
+        self.calls.append(f"pause:{mode}")
+
+    async def reset_prefix_cache(self) -> None:
+        self.calls.append("reset_prefix_cache")
+
+    async def update_weight_version(self, version: str) -> None:
+        self.calls.append(f"version:{version}")
+
+    async def resume_generation(self) -> None:
+        self.calls.append("resume")
+
+
+class AuthenticationMiddleware:
+    """Stands in for vLLM's, as Starlette registers it (`app.user_middleware`)."""
+
+
+def vllm_app(engine: RecordingEngine, tokens: list[str]) -> Any:
+    registered = [SimpleNamespace(cls=AuthenticationMiddleware, kwargs={"tokens": tokens})]
+    return SimpleNamespace(state=SimpleNamespace(engine_client=engine), user_middleware=registered)
+
+
+def update_call(
+    app: Any, body: dict[str, Any], headers: list[tuple[bytes, bytes]]
+) -> tuple[int, dict]:
+    """One POST /update_weights through the writer, with `app` as the scope's app."""
+    sent: list[dict[str, Any]] = []
+
+    async def run() -> None:
+        messages = [{"type": "http.request", "body": json.dumps(body).encode()}]
+
+        async def receive() -> dict[str, Any]:
+            return messages.pop(0)
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/update_weights",
+            "root_path": "",
+            "headers": headers,
+            "app": app,
+        }
+        await PayloadWriter(FakeVLLM({}, 200), WriterSettings())(scope, receive, send)
+
+    asyncio.run(run())
+    return sent[0]["status"], json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+
+
+def test_update_weights_loads_in_order_and_resumes(tmp_path: Path) -> None:
+    engine = RecordingEngine()
+    weights = tmp_path / "step_7"
+    status, answer = update_call(vllm_app(engine, []), {"weight_dir": str(weights)}, [])
+    assert status == 200 and answer["version"] == "7", answer
+    assert engine.calls == [
+        "orchestrator_check_weights",
+        "pause:keep",
+        "orchestrator_load_weights",
+        "reset_prefix_cache",
+        "version:7",
+        "resume",
+    ]
+
+
+def test_update_weights_refused_by_the_check_touches_nothing(tmp_path: Path) -> None:
+    engine = RecordingEngine(problem="the checkpoint is partial: x missing")
+    weights = str(tmp_path / "step_2")
+    status, answer = update_call(vllm_app(engine, []), {"weight_dir": weights}, [])
+    assert status == 400
+    assert (
+        answer["error"]["message"] == f"cannot load {weights}: the checkpoint is partial: x missing"
+    )
+    assert engine.calls == ["orchestrator_check_weights"]
+    status, answer = update_call(vllm_app(engine, []), {"weight_dir": "relative"}, [])
+    assert status == 400 and "absolute" in answer["error"]["message"]
+
+
+def test_update_weights_wants_the_servers_bearer_token(tmp_path: Path) -> None:
+    engine = RecordingEngine()
+    app = vllm_app(engine, ["sk-right"])
+    body = {"weight_dir": str(tmp_path / "step_1")}
+    for headers in (
+        [],
+        [(b"authorization", b"Bearer sk-wrong")],
+        [(b"authorization", b"sk-right")],
+    ):
+        assert update_call(app, body, headers) == (401, {"error": "Unauthorized"})
+    assert engine.calls == []
+    status, _ = update_call(app, body, [(b"authorization", b"Bearer sk-right")])
+    assert status == 200 and engine.calls[-1] == "resume"

@@ -1,9 +1,10 @@
 """The daemon against upstream vLLM (CPU build, `tests/vllm/requirements.txt`), serving a
 tiny mixture-of-experts model made here: the reply form as captured, routing compared with
-the router `transformers` computes from the same weights, a run end to end with real
-tasks and weight updates the server accepts, and the three findings of a first run
-against upstream vLLM (an update refused, all-zero routing accepted, a stall blamed on
-the wrong cause), each a test."""
+the router `transformers` computes from the same weights, runs end to end with real
+tasks (the dense twin's versions reloaded through vLLM's dev endpoints; a MoE run that
+would reload through them refused at start), and the findings of a first run against
+upstream vLLM (all-zero routing accepted, a stall blamed on the wrong cause), each a
+test. MoE weight loads through `orchestrator-vllm` are test_weight_loads.py."""
 
 from __future__ import annotations
 
@@ -234,9 +235,10 @@ def dense_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield server
 
 
-def key_file(tmp_path: Path) -> str:
+def key_file(tmp_path: Path, token: str = API_KEY) -> str:
+    """The `--set` that has a run read `token` from a file."""
     path = tmp_path / "api-key"
-    path.write_text(API_KEY + "\n")
+    path.write_text(token + "\n")
     return f'inference.api_key_file="{path}"'
 
 

@@ -17,25 +17,35 @@ import httpx
 import numpy as np
 import pytest
 from _vllm_kit import Server, generate, install_writer, reference, run_against, vllm_server
-from test_real_vllm import NEAR_TIE, greedy_body, inline_turn
+from test_real_vllm import NEAR_TIE, greedy_body, inline_turn, key_file
 
 from orchestrator.handoff import read_batch
 from orchestrator.sim.checkpoints import write_checkpoint
+
+API_KEY = "sk-tiny-writer-91c4"
 
 
 @pytest.fixture(scope="module")
 def writer_server(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     install_writer()
     root = tmp_path_factory.mktemp("payloads")
+    # Closed with --api-key: /update_weights wants the same token as the generate path.
     with vllm_server(
-        model, tmp_path_factory.mktemp("writer"), "--enforce-eager", writer_root=root
+        model,
+        tmp_path_factory.mktemp("writer"),
+        "--enforce-eager",
+        writer_root=root,
+        api_key=API_KEY,
     ) as server:
         yield server
 
 
 def update(server: Server, weight_dir: Path | str) -> httpx.Response:
     return httpx.post(
-        f"{server.url}/update_weights", json={"weight_dir": str(weight_dir)}, timeout=300
+        f"{server.url}/update_weights",
+        json={"weight_dir": str(weight_dir)},
+        headers=server.headers,
+        timeout=300,
     )
 
 
@@ -131,8 +141,21 @@ def test_a_checkpoint_that_cannot_load_is_refused_and_the_weights_stay(
     assert greedy and equal[decisive].all()
 
 
+def test_an_update_without_the_servers_token_is_refused(writer_server: Server, model: Path) -> None:
+    for headers in ({}, {"authorization": "Bearer sk-wrong"}):
+        answer = httpx.post(
+            f"{writer_server.url}/update_weights",
+            json={"weight_dir": str(model)},
+            headers=headers,
+            timeout=30,
+        )
+        assert (answer.status_code, answer.json()) == (401, {"error": "Unauthorized"})
+
+
 def test_vllms_own_update_weights_body_still_reaches_vllm(writer_server: Server) -> None:
-    answer = httpx.post(f"{writer_server.url}/update_weights", json={}, timeout=30)
+    answer = httpx.post(
+        f"{writer_server.url}/update_weights", json={}, headers=writer_server.headers, timeout=30
+    )
     # vLLM's dev-mode /update_weights wants a weight-transfer `update_info`.
     assert answer.status_code == 400 and "update_info" in json.dumps(answer.json())
 
@@ -146,6 +169,9 @@ async def test_routing_shipped_after_each_update_is_that_versions_routers(
     # computes from checkpoint k. Inline, so that the batches can be read after the run
     # (by handle, collections delete their files; the writer's rows by handle equal
     # these, tests/vllm/test_vllm_writer.py).
+    # A fresh run's v0 is the base model: the tests before this one left the server
+    # holding other weights, which the daemon never loads back.
+    assert update(writer_server, model).status_code == 200
     steps = 5
     config, outcome = await run_against(
         writer_server,
@@ -154,6 +180,7 @@ async def test_routing_shipped_after_each_update_is_that_versions_routers(
         steps,
         'inference.weight_update="prime-rl"',
         "staleness.max_off_policy_steps=1",
+        key_file(tmp_path, API_KEY),
     )
     assert outcome.state.versions.applied >= 2
     by_version: dict[int, list] = {}

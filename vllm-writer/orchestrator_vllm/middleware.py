@@ -37,7 +37,7 @@ from typing import Any
 from orchestrator_vllm.errors import error_body
 from orchestrator_vllm.files import PayloadDirRefused, lexical_problem, open_payload_dir, write_file
 from orchestrator_vllm.payloads import ReplyProblem, choice_arrays, segments
-from orchestrator_vllm.weight_loads import update_weights
+from orchestrator_vllm.weight_loads import UNAUTHORIZED, api_tokens, authorized, update_weights
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -98,7 +98,11 @@ class PayloadWriter:
                 # Not prime-rl's body: vLLM's own /update_weights answers it.
                 await self.app(scope, replay, send)
                 return
-            status, loaded = await update_weights(scope["app"].state.engine_client, weight_dir)
+            app = scope["app"]
+            if not authorized(scope.get("headers", ()), api_tokens(app)):
+                await _send_json(send, 401, UNAUTHORIZED)
+                return
+            status, loaded = await update_weights(app.state.engine_client, weight_dir)
             await _send_json(send, status, loaded)
             return
         request = _payload_request(body) if complete else None

@@ -14,12 +14,21 @@ Face checkpoint loaded into every worker, mixture-of-experts layers included.
 
 Answers 200 `{"status": "ok", "weight_dir", "version", "load_s"}`; 500 with the reason
 when a load fails half-way (the weights are then mixed: load a checkpoint again).
+
+The endpoint changes the model and its refusals name paths, so on a server started with
+`--api-key` (or `VLLM_API_KEY`) it wants the same bearer token as the generate endpoint
+(`authorized`): vLLM's own check guards only `/v1`, `/v2`, `/inference` and `/cohere`,
+and runs inside this middleware. Without the token: vLLM's 401 `{"error":
+"Unauthorized"}`, before anything is read from disk.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import secrets
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from orchestrator_vllm.checkpoints import version_of
@@ -27,6 +36,30 @@ from orchestrator_vllm.errors import error_body
 
 CHECK_METHOD = "orchestrator_check_weights"
 LOAD_METHOD = "orchestrator_load_weights"
+#: vLLM's answer to a request without the bearer token its `--api-key` wants.
+UNAUTHORIZED = {"error": "Unauthorized"}
+
+
+def api_tokens(app: Any) -> list[str]:
+    """The bearer tokens vLLM's own authentication middleware was registered with on
+    `app` (its `--api-key`, or `VLLM_API_KEY`); [] for an open server."""
+    for middleware in getattr(app, "user_middleware", ()):
+        if getattr(middleware.cls, "__name__", "") == "AuthenticationMiddleware":
+            return list(middleware.kwargs.get("tokens") or ())
+    return []
+
+
+def authorized(headers: Iterable[tuple[bytes, bytes]], tokens: list[str]) -> bool:
+    """Whether a request with `headers` (ASGI's) carries one of `tokens` as
+    `Authorization: Bearer`, compared in constant time as vLLM compares it; True when
+    there are no tokens."""
+    if not tokens:
+        return True
+    value = dict(headers).get(b"authorization", b"").decode("latin-1")
+    scheme, _, token = value.partition(" ")
+    digest = hashlib.sha256(token.encode()).digest()
+    matches = [secrets.compare_digest(digest, hashlib.sha256(t.encode()).digest()) for t in tokens]
+    return scheme.lower() == "bearer" and any(matches)
 
 
 async def update_weights(engine: Any, weight_dir: Any) -> tuple[int, dict[str, Any]]:

@@ -17,6 +17,7 @@ start-up did. Runs inside vLLM's worker process (torch and vLLM are there).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from orchestrator_vllm.checkpoints import (
@@ -32,6 +33,9 @@ class WeightLoader:
     is the worker's."""
 
     model_runner: Any
+    # The checkpoint the model started from, and its tensors: read on first use, before
+    # a load changes `model_config.model`.
+    _orchestrator_base: str | None = None
     _orchestrator_inventory: Inventory | None = None
 
     def orchestrator_check_weights(self, weight_dir: str) -> str | None:
@@ -47,8 +51,6 @@ class WeightLoader:
     def orchestrator_load_weights(self, weight_dir: str) -> float:
         """Load every tensor of `weight_dir` (checked first) into the model; the seconds
         it took."""
-        import time
-
         started = time.perf_counter()
         self._orchestrator_base_dir()  # the start-up folder, recorded before it changes
         model = self.model_runner.get_model()
@@ -61,8 +63,6 @@ class WeightLoader:
         return time.perf_counter() - started
 
     def _orchestrator_base_dir(self) -> str:
-        base = getattr(self, "_orchestrator_base", None)
-        if base is None:
-            base = str(self.model_runner.model_config.model)
-            self._orchestrator_base = base
-        return base
+        if self._orchestrator_base is None:
+            self._orchestrator_base = str(self.model_runner.model_config.model)
+        return self._orchestrator_base

@@ -26,6 +26,13 @@ class Clients:
     control: httpx.AsyncClient
 
 
+def control_client(tls: ssl.SSLContext, token: BearerToken | None) -> httpx.AsyncClient:
+    """The httpx client of the control calls (health, weight updates, `/version`): no
+    timeout of its own (deadlines are the callers'), `token` sent with every request."""
+    headers = {} if token is None else {"authorization": token.authorization}
+    return httpx.AsyncClient(timeout=None, verify=tls, headers=headers)
+
+
 @contextlib.asynccontextmanager
 async def open_clients(
     max_inflight: int,
@@ -44,7 +51,6 @@ async def open_clients(
     """
     tls: ssl.SSLContext = await trio.to_thread.run_sync(ssl.create_default_context)
     authorization = None if token is None else token.authorization
-    headers = {} if authorization is None else {"authorization": authorization}
     async with (
         HTTP11Client(
             tls=tls,
@@ -53,6 +59,6 @@ async def open_clients(
             max_buffered_bytes=max_buffered_reply_bytes,
             authorization=authorization,
         ) as generate,
-        httpx.AsyncClient(timeout=None, verify=tls, headers=headers) as control,
+        control_client(tls, token) as control,
     ):
         yield Clients(generate, control)
