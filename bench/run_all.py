@@ -28,6 +28,8 @@ SCRIPTS = [
     # Upstream vLLM (the real-vLLM stage's CPU build) with the by-handle writer, against
     # itself inline (installs that stage's venv once; skipped where it cannot).
     "vllm_by_handle.py",
+    # A policy that learns through the loop: curve, trainer step, mismatch, weight loads.
+    "learning.py",
     # Version detection and collection on sshfs over loopback, with and without caches
     # (needs root and /dev/fuse; only the local disk is measured where it cannot mount).
     "system_netmount.py",

@@ -13,7 +13,9 @@ caches, or without) and taken down by `umount.sh` at the end. Where it cannot be
 test-vllm`, which installs the stage's venv): without it those tests are not collected, so
 the rest of the suite never starts a vLLM server nor reports them as skipped. Likewise
 `tests/browser` (`ORCH_BROWSER`, `make test-browser`: Chromium and Playwright) and
-`tests/extras` (`ORCH_TEST_EXTRAS`, `make test-extras`: the `ray` and `wandb` extras).
+`tests/extras` (`ORCH_TEST_EXTRAS`, `make test-extras`: the `ray` and `wandb` extras), and
+`tests/trainer` (`ORCH_TRAINER_TESTS`, `make test-trainer`: the reference trainer, which
+needs torch, run by the real-vLLM stage's venv).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ _MOUNT_DEADLINE_S = 600
 
 collect_ignore = [
     *([] if os.environ.get("ORCH_VLLM_PYTHON") else ["vllm"]),
+    # The reference trainer's tests need torch: run by its stage's venv (ORCH_TRAINER_TESTS).
+    *([] if os.environ.get("ORCH_TRAINER_TESTS") else ["trainer"]),
     # The stages with heavy extras (tests/browser/run.sh, tests/extras/run.sh) set these.
     *([] if os.environ.get("ORCH_BROWSER") else ["browser"]),
     *([] if os.environ.get("ORCH_TEST_EXTRAS") else ["extras"]),

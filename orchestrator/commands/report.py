@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         steps_file=config.steps_file,
         evals_file=config.evals_file,
         state_dir=config.state_dir,
+        trainer_file=config.trainer_steps_file,
     )
     try:
         write_report(records, out.absolute(), fmt=fmt, title=f"Run {config.run_dir.name}")

@@ -35,6 +35,7 @@ from orchestrator.config.sections import ShutdownConfig as ShutdownConfig
 from orchestrator.config.sections import SimConfig as SimConfig
 from orchestrator.config.sections import StalenessConfig as StalenessConfig
 from orchestrator.config.sections import ToyEnvName as ToyEnvName
+from orchestrator.config.sections import TrainConfig as TrainConfig
 from orchestrator.config.sections import TrainerConfig as TrainerConfig
 from orchestrator.config.sections import WandbConfig as WandbConfig
 from orchestrator.config.sources import (
@@ -65,6 +66,7 @@ __all__ = [
     "SimConfig",
     "StalenessConfig",
     "ToyEnvName",
+    "TrainConfig",
     "TrainerConfig",
     "WandbConfig",
     "add_config_arguments",

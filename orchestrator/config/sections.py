@@ -238,14 +238,55 @@ class TrainerConfig:
 
 @attrs.frozen
 class ModelConfig:
-    """The model the servers run, as the daemon needs it: its tokenizer."""
+    """The model the servers run: its folder (the reference trainer's starting weights)
+    and its tokenizer (the daemon's), which is the folder's unless said otherwise."""
 
+    # A local Hugging Face folder of the model: config.json, safetensors weights and the
+    # tokenizer files. The reference trainer (`orchestrator-trainer`) starts from it; the
+    # daemon reads only its tokenizer, and only when `tokenizer` is not set.
+    path: Path | None = attrs.field(default=None, converter=_optional_absolute_path)
     # A local folder with the model's tokenizer files (tokenizer.json, tokenizer_config.json
-    # with its chat template). Nothing is ever downloaded. Required by every [[env]].
+    # with its chat template). Nothing is ever downloaded. Required by every [[env]];
+    # defaults to `path`.
     tokenizer: Path | None = attrs.field(default=None, converter=_optional_absolute_path)
     # Extra variables for the chat template, as vLLM's `chat_template_kwargs` request field
     # and `apply_chat_template(**kwargs)` take them: `{enable_thinking = false}` for Qwen3.
     chat_template_kwargs: dict[str, Any] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        if self.tokenizer is None and self.path is not None:
+            # Frozen: the one place the default is resolved, so every reader sees it.
+            object.__setattr__(self, "tokenizer", self.path)
+
+
+@attrs.frozen
+class TrainConfig:
+    """The reference trainer's own keys (`orchestrator-trainer`, docs/operations.md §
+    The reference trainer). The daemon reads none of them; they live in the run's config
+    so that one file describes the run and `check-config` checks them."""
+
+    # AdamW's learning rate, weight decay and betas.
+    learning_rate: float = attrs.field(default=1e-6, validator=greater_than(0))
+    weight_decay: float = attrs.field(default=0.0, validator=at_least(0))
+    adam_beta1: float = attrs.field(default=0.9, validator=fraction)
+    adam_beta2: float = attrs.field(default=0.999, validator=fraction)
+    # Gradients are clipped to this global norm (0: not clipped).
+    max_grad_norm: float = attrs.field(default=1.0, validator=at_least(0))
+    # The trust region of prime-rl's default loss: a token whose probability under the
+    # trainer moved more than this above (for a positive advantage) or below (negative)
+    # its probability at inference is masked out of the policy gradient.
+    mask_high: float = attrs.field(default=0.2, validator=at_least(0))
+    mask_low: float = attrs.field(default=0.2, validator=at_least(0))
+    # Weight of the squared log importance ratio added to the loss (prime-rl's kl_tau).
+    kl_coef: float = attrs.field(default=1e-3, validator=at_least(0))
+    # Replay the routed experts the batch carries in every MoE layer (Qwen3-MoE).
+    router_replay: bool = True
+    # Measure the on-policy mismatch KL without replay too: one more forward per step.
+    mismatch_without_replay: bool = False
+    # An on-policy mismatch KL above this says, in one warning line, which version and
+    # server it came from: same weights on both sides stay far below it (1e-6 in float32
+    # on the CPU, about 1e-3 in bfloat16), weights that did not load reach 0.1 and more.
+    mismatch_warn_kl: float = attrs.field(default=0.01, validator=greater_than(0))
 
 
 RewardExecutorName = Literal["process", "ray"]
@@ -521,6 +562,7 @@ class Config:
     inference: InferenceConfig = attrs.field(factory=InferenceConfig)
     trainer: TrainerConfig = attrs.field(factory=TrainerConfig)
     model: ModelConfig = attrs.field(factory=ModelConfig)
+    train: TrainConfig = attrs.field(factory=TrainConfig)
     env: tuple[EnvConfig, ...] = ()
     rewards: RewardsConfig = attrs.field(factory=RewardsConfig)
     eval: EvalConfig = attrs.field(factory=EvalConfig)
@@ -601,6 +643,12 @@ class Config:
         """Where each shipped batch's figures are appended, one JSON line each:
         `<run_dir>/steps.jsonl` (what `orchestrator report` draws)."""
         return self.run_dir / "steps.jsonl"
+
+    @property
+    def trainer_steps_file(self) -> Path:
+        """Where the reference trainer appends one JSON line per step (its loss and the
+        training-inference mismatch): `<run_dir>/trainer.jsonl`, drawn by the report."""
+        return self.run_dir / "trainer.jsonl"
 
     @property
     def state_dir(self) -> Path:

@@ -8,6 +8,7 @@ expert weights: `orchestrator.wire.MOE_RELOAD_BROKEN`)."""
 from __future__ import annotations
 
 import functools
+import json
 import ssl
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,11 +40,27 @@ log = structlog.get_logger(__name__)
 VERSION_TIMEOUT_S = 5.0
 
 
+#: The keys of a Hugging Face `config.json` that count a MoE's routed experts (Qwen3-MoE
+#: and Qwen2-MoE, DeepSeek, Mixtral).
+_EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
+
+
 def is_moe(config: Config) -> bool:
-    """Whether the run's model is a mixture of experts, as far as its config says: it
-    requests routing (`routed_experts` exists on MoE models only) or sets the routing
-    shape (`payload.num_experts`)."""
-    return "routed_experts" in config.payload.fields or config.payload.num_experts > 0
+    """Whether the run's model is a mixture of experts, as far as the run says: it
+    requests routing (`routed_experts` exists on MoE models only), sets the routing
+    shape (`payload.num_experts`), or its model folder's `config.json` (`[model] path`)
+    counts experts. Blocking (reads that file); an unreadable one says nothing."""
+    if "routed_experts" in config.payload.fields or config.payload.num_experts > 0:
+        return True
+    if config.model.path is None:
+        return False
+    try:
+        model = json.loads((config.model.path / "config.json").read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(model, dict) and any(
+        isinstance(model.get(key), int) and model[key] > 0 for key in _EXPERT_KEYS
+    )
 
 
 async def check_moe_reload(
@@ -55,7 +72,7 @@ async def check_moe_reload(
     within `VERSION_TIMEOUT_S` are not refused: one warning says the check was not made
     for them. Does nothing (no request) for another protocol or a dense model."""
     protocol = config.inference.weight_update
-    moe = is_moe(config)
+    moe = await trio.to_thread.run_sync(is_moe, config)
     if protocol != "vllm" or not moe or not servers:
         return
     versions: dict[str, str | None] = {}

@@ -4,6 +4,9 @@ display), as SVG for the page or all on one PNG.
 The step lines carry the run's running totals (rollouts, discards, deletions) as the
 daemon counted them; a resumed run's daemon counts from zero again, so a total that goes
 down starts a new count, and the rate across that gap is left out.
+
+The trainer's plots (loss and grad norm, mismatch KL, clipped share) come from its
+`trainer.jsonl` and are on the report only when it wrote one (`plots_for`).
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ _METADATA = re.compile(r"\s*<metadata>.*?</metadata>", re.DOTALL)
 @attrs.frozen
 class Plot:
     """One plot of the report: its id (the page's anchor), title, and how it is drawn;
-    `draw` returns False when the run has nothing for it yet."""
+    `draw` returns False when the run has nothing for it yet. `note`: a sentence the page
+    puts under it."""
 
     name: str
     title: str
     draw: Callable[[Axes, RunRecords], bool]
+    note: str = ""
 
 
 def _counts(row: Record, key: str) -> Mapping[str, float]:
@@ -164,6 +169,59 @@ def draw_throughput(ax: Axes, records: RunRecords) -> bool:
     return True
 
 
+def draw_trainer_loss(ax: Axes, records: RunRecords) -> bool:
+    """The loss on the left axis, the grad norm on a right one, one legend for both."""
+    rows = records.trainer_rows
+    if not rows:
+        return False
+    steps = [row["step"] for row in rows]
+    (loss,) = ax.plot(steps, [row["loss"] for row in rows], color="C0", lw=1.5)
+    ax.set(xlabel="step", ylabel="loss")
+    twin = ax.twinx()
+    (grad,) = twin.plot(steps, [row["grad_norm"] for row in rows], "--", color="C1", lw=1.2)
+    twin.set_ylabel("grad norm")
+    twin.grid(False)  # the loss axis's grid is the plot's
+    twin.legend([loss, grad], ["loss", "grad norm"], loc="best", fontsize=8)
+    return True
+
+
+_MISMATCH_SERIES = (
+    ("mismatch_kl", "with router replay", "o-", "C0"),
+    ("mismatch_kl_no_replay", "without router replay", "s--", "C3"),
+)
+
+
+def draw_mismatch(ax: Axes, records: RunRecords) -> bool:
+    """Each KL series on a log axis: a null step (no on-policy samples, not measured) is
+    left out of its line, as is a value a log axis cannot show (<= 0); a series with no
+    value left is not drawn."""
+    drew = False
+    for key, label, style, color in _MISMATCH_SERIES:
+        points = [
+            (row["step"], row[key])
+            for row in records.trainer_rows
+            if row.get(key) is not None and row[key] > 0
+        ]
+        if points:
+            ax.plot(*zip(*points, strict=True), style, color=color, markersize=3, label=label)
+            drew = True
+    if not drew:
+        return False
+    ax.set_yscale("log")
+    ax.set(xlabel="step", ylabel="KL(inference || trainer)")
+    return True
+
+
+def draw_clipped(ax: Axes, records: RunRecords) -> bool:
+    rows = records.trainer_rows
+    if not rows:
+        return False
+    ax.plot([row["step"] for row in rows], [row["clipped_share"] for row in rows], color="C2")
+    ax.set_ylim(bottom=0)
+    ax.set(xlabel="step", ylabel="share of loss tokens clipped")
+    return True
+
+
 PLOTS: tuple[Plot, ...] = (
     Plot("reward", "Reward per step, by env", draw_reward),
     Plot("evals", "Evals per policy version", draw_evals),
@@ -172,6 +230,29 @@ PLOTS: tuple[Plot, ...] = (
     Plot("payload", "Payload disk use and collections", draw_payload),
     Plot("throughput", "Rollouts per second", draw_throughput),
 )
+
+TRAINER_PLOTS: tuple[Plot, ...] = (
+    Plot("loss", "Trainer loss and grad norm per step", draw_trainer_loss),
+    Plot(
+        "mismatch",
+        "Training-inference mismatch KL per step",
+        draw_mismatch,
+        note="The KL between the inference server's and the trainer's logprobs of the same "
+        "sampled tokens, on on-policy samples only (dispatched under the weights the trainer "
+        "held), with and without router replay.",
+    ),
+    Plot("clipped", "Clipped share of loss tokens per step", draw_clipped),
+)
+
+
+def plots_for(records: RunRecords) -> tuple[Plot, ...]:
+    """The run's plots: `PLOTS`, with `TRAINER_PLOTS` after the reward plot when the
+    trainer wrote step lines."""
+    if not records.trainer:
+        return PLOTS
+    at = [plot.name for plot in PLOTS].index("reward") + 1
+    return (*PLOTS[:at], *TRAINER_PLOTS, *PLOTS[at:])
+
 
 _STYLE: dict[RcKeyType, Any] = {
     "svg.fonttype": "none",  # text stays text: small, selectable
@@ -210,11 +291,12 @@ def plot_svg(plot: Plot, records: RunRecords) -> tuple[str, bool]:
 
 
 def plots_png(records: RunRecords) -> bytes:
-    """Every plot on one PNG, two to a row."""
+    """Every plot of the run (`plots_for`) on one PNG, two to a row."""
+    plots = plots_for(records)
     with matplotlib.rc_context(_STYLE):
-        rows = (len(PLOTS) + 1) // 2
+        rows = (len(plots) + 1) // 2
         figure = Figure(figsize=(12.8, 3.4 * rows), layout="constrained")
-        for index, plot in enumerate(PLOTS):
+        for index, plot in enumerate(plots):
             ax = figure.add_subplot(rows, 2, index + 1)
             _finish(ax, plot, plot.draw(ax, records))
         buffer = io.BytesIO()

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from orchestrator.report.figures import PLOTS, plot_svg, plots_png
+from orchestrator.report.figures import plot_svg, plots_for, plots_png
 from orchestrator.report.records import Record, RunRecords
 
 ReportFormat = Literal["html", "png"]
@@ -34,12 +34,18 @@ th:first-child, td:first-child, .env { text-align: left; }
 
 
 def render_html(records: RunRecords, *, title: str) -> str:
-    """The page: the run's facts, every plot, the eval table."""
+    """The page: the run's facts, every plot (`plots_for`), the eval table."""
     figures = []
-    for plot in PLOTS:
+    for plot in plots_for(records):
         svg, drew = plot_svg(plot, records)
         css = "" if drew else ' class="empty"'
-        figures.append(f'<figure id="{plot.name}" data-plot="{plot.name}"{css}>{svg}</figure>')
+        note = (
+            f'<figcaption class="note">{html.escape(plot.note)}</figcaption>' if plot.note else ""
+        )
+        figures.append(
+            f'<figure id="{plot.name}" data-plot="{plot.name}"{css}>{svg}{note}</figure>'
+        )
+    sources = "steps.jsonl, evals.jsonl" + (", trainer.jsonl" if records.trainer else "")
     skipped = (
         f'<p class="note">{records.skipped_lines} line(s) of the run\'s records could not be '
         "read and were passed over (a torn last line after a crash, or a hand edit).</p>"
@@ -56,7 +62,7 @@ def render_html(records: RunRecords, *, title: str) -> str:
         f'<div class="plots">{"".join(figures)}</div>'
         f"<h2>Evals</h2>{_eval_table(records.evals)}{skipped}"
         f'<p class="note">Written by <code>orchestrator report</code> on '
-        f"{html.escape(time.strftime('%Y-%m-%d %H:%M:%S %Z'))} from steps.jsonl, evals.jsonl "
+        f"{html.escape(time.strftime('%Y-%m-%d %H:%M:%S %Z'))} from {sources} "
         "and progress.json.</p></body></html>\n"
     )
 

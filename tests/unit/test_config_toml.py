@@ -152,7 +152,7 @@ def test_every_key_is_written(tmp_path: Path) -> None:
         inference=InferenceConfig(urls=("http://a:1",), api_key_file=tmp_path / "k"),
         payload=PayloadConfig(root=tmp_path / "p"),
         trainer=TrainerConfig(batches_dir=tmp_path / "b", weights_dir=tmp_path / "w"),
-        model=ModelConfig(tokenizer=tmp_path / "m"),
+        model=ModelConfig(path=tmp_path / "mp", tokenizer=tmp_path / "m"),
         sim=SimConfig(trainer_checkpoint=tmp_path / "c"),
     )
     document = tomllib.loads(config_to_toml(config))

@@ -1,6 +1,7 @@
 """`orchestrator report`: the run's records read back (torn and foreign lines passed over,
-a resumed run's repeated steps), every plot drawn or marked empty, the page and the PNG,
-and the command's one-line errors."""
+a resumed run's repeated steps), every plot drawn or marked empty, the trainer's plots
+from its `trainer.jsonl` (only when there is one), the page and the PNG, and the
+command's one-line errors."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from matplotlib.figure import Figure
 
 from orchestrator.cli import main
 from orchestrator.report import PLOTS, read_records, write_report
-from orchestrator.report.figures import _deltas, plot_svg
+from orchestrator.report.figures import TRAINER_PLOTS, _deltas, draw_mismatch, plot_svg
 from orchestrator.report.page import render_html
+from orchestrator.report.records import TRAINER_FORMAT
 
 
 def step_line(step: int, **more: Any) -> dict[str, Any]:
@@ -62,6 +65,35 @@ def eval_line(version: int, reward: float) -> dict[str, Any]:
             }
         },
     }
+
+
+def trainer_line(step: int, **more: Any) -> dict[str, Any]:
+    line = {
+        "format": TRAINER_FORMAT,
+        "step": step,
+        "version": step - 1,
+        "published": step,
+        "samples": 16,
+        "tokens": 230,
+        "loss": -0.01 * step,
+        "grad_norm": 0.8 / step,
+        "clipped_share": 0.01 * step,
+        "reward_mean": 0.1 * step,
+        "seconds": 1.7,
+        "on_policy_samples": 6,
+        "mismatch_kl": 1e-6 * step,
+        "mismatch_kl_no_replay": 1e-3 * step,
+        "mismatch_by_server": {"http://127.0.0.1:8000": 1e-6 * step},
+        "time": 1000.0 + 2 * step,
+    }
+    line.update(more)
+    return line
+
+
+def write_trainer(run_dir: Path, lines: list[Any]) -> None:
+    (run_dir / "trainer.jsonl").write_text(
+        "".join(line if isinstance(line, str) else json.dumps(line) + "\n" for line in lines)
+    )
 
 
 def write_run(run_dir: Path, steps: list[Any], evals: list[Any]) -> None:
@@ -182,3 +214,101 @@ def test_the_command_s_errors_are_one_line(
     assert main(["report", "--config", str(config_file(tmp_path)), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot write the report to" in err
+
+
+def figure_ids(page: str) -> list[str]:
+    return re.findall(r'<figure id="(\w+)" data-plot="\w+"[^>]*>\s*<svg', page)
+
+
+def test_the_trainer_s_lines_are_drawn_beside_the_reward(tmp_path: Path) -> None:
+    write_run(tmp_path, [step_line(s) for s in range(1, 5)], [eval_line(0, 0.1)])
+    no_on_policy = trainer_line(3, on_policy_samples=0, mismatch_kl=None)
+    no_on_policy["mismatch_kl_no_replay"] = None
+    write_trainer(
+        tmp_path,
+        [
+            trainer_line(1),
+            trainer_line(2, loss=5.0),
+            '{"format": "rollout-orchestrator.trainer-step/1", "step": 3, "lo\n',  # torn
+            trainer_line(2),  # a resumed trainer's step 2 again: the last one counts
+            {**trainer_line(4), "format": "some-other-trainer/2"},
+            no_on_policy,
+            trainer_line(4),
+        ],
+    )
+    records = records_of(tmp_path)
+    assert [row["step"] for row in records.trainer_rows] == [1, 2, 3, 4]
+    assert records.trainer_rows[1]["loss"] == -0.02
+    assert records.skipped_lines == 2
+    for plot in TRAINER_PLOTS:
+        svg, drew = plot_svg(plot, records)
+        assert drew and plot.title in svg, plot.name
+    page = render_html(records, title="Run demo")
+    names = [plot.name for plot in PLOTS]
+    assert figure_ids(page) == [names[0], "loss", "mismatch", "clipped", *names[1:]]
+    assert 'class="empty"' not in page
+    assert "2 line(s) of the run's records could not be read" in page
+    assert "from steps.jsonl, evals.jsonl, trainer.jsonl and progress.json" in page
+    # The note is under the mismatch figure, and only there.
+    mismatch = re.search(r'<figure id="mismatch".*?</figure>', page, re.DOTALL)
+    assert mismatch is not None and page.count("<figcaption") == 1
+    assert re.search(r'</svg>\s*<figcaption class="note">The KL between', mismatch.group())
+    assert "on-policy samples only" in mismatch.group()
+    png = write_report(records, tmp_path / "r.png", fmt="png", title="t")
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_without_trainer_jsonl_the_page_is_as_before(tmp_path: Path) -> None:
+    write_run(tmp_path, [step_line(s) for s in range(1, 4)], [eval_line(0, 0.2)])
+    records = records_of(tmp_path)
+    assert records.trainer == () and records.skipped_lines == 0
+    page = render_html(records, title="t")
+    assert figure_ids(page) == [plot.name for plot in PLOTS]
+    assert "<figcaption" not in page and "trainer.jsonl" not in page
+    assert "from steps.jsonl, evals.jsonl and progress.json" in page
+    # A file with no line of the known format draws nothing either; its lines are counted.
+    write_trainer(tmp_path, ["garbage\n", {**trainer_line(1), "format": "x/1"}])
+    records = records_of(tmp_path)
+    assert records.trainer == () and records.skipped_lines == 2
+    assert figure_ids(render_html(records, title="t")) == [plot.name for plot in PLOTS]
+
+
+def mismatch_lines(records: Any) -> dict[str, tuple[list[int], list[float]]]:
+    ax = Figure().add_subplot()
+    assert draw_mismatch(ax, records)
+    assert ax.get_yscale() == "log"
+    return {
+        str(line.get_label()): (list(line.get_xdata()), list(line.get_ydata()))  # type: ignore[arg-type]
+        for line in ax.get_lines()
+    }
+
+
+def test_a_null_mismatch_point_is_left_out_of_its_line(tmp_path: Path) -> None:
+    write_run(tmp_path, [], [])
+    write_trainer(
+        tmp_path,
+        [
+            trainer_line(1),
+            trainer_line(2, mismatch_kl=None, mismatch_kl_no_replay=None, on_policy_samples=0),
+            trainer_line(3, mismatch_kl_no_replay=None),
+            trainer_line(4),
+        ],
+    )
+    lines = mismatch_lines(records_of(tmp_path))
+    assert lines["with router replay"] == ([1, 3, 4], [1e-6, 3e-6, 4e-6])
+    assert lines["without router replay"] == ([1, 4], [1e-3, 4e-3])
+
+
+def test_an_all_null_no_replay_series_is_left_out(tmp_path: Path) -> None:
+    write_run(tmp_path, [], [])
+    write_trainer(tmp_path, [trainer_line(s, mismatch_kl_no_replay=None) for s in range(1, 4)])
+    records = records_of(tmp_path)
+    assert list(mismatch_lines(records)) == ["with router replay"]
+    svg, drew = plot_svg(TRAINER_PLOTS[1], records)
+    assert drew and "with router replay" in svg and "without router replay" not in svg
+    # No KL at all (no on-policy samples yet): the plot is there, marked empty.
+    write_trainer(tmp_path, [trainer_line(1, mismatch_kl=None, mismatch_kl_no_replay=None)])
+    records = records_of(tmp_path)
+    page = render_html(records, title="t")
+    assert re.search(r'<figure id="mismatch" data-plot="mismatch" class="empty">', page)
+    assert page.count('class="empty"') == 1 + len(PLOTS)  # and every run plot: no steps

@@ -99,6 +99,14 @@ def install_writer() -> Path:
     return vllm_python().parent / "orchestrator-vllm"
 
 
+def trainer_command() -> Path:
+    """The reference trainer's command in the stage venv, where tests/vllm/run.sh installs
+    it (tests/vllm/install_trainer.py) before the tests and the learning demo."""
+    command = vllm_python().parent / "orchestrator-trainer"
+    assert command.exists(), f"{command} is missing: run through tests/vllm/run.sh"
+    return command
+
+
 def tiny_model(kind: str = "moe") -> Path:
     """The tiny model (`kind` "moe", "dense" for its twin without experts, or "wide" with
     a real MoE's routing shape), built once per builder and tokenizer (cached beside the

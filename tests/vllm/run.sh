@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test-vllm` / `make demo-vllm`: the stage's venv (installed once, cached outside the
+# `make test-vllm` / `make test-trainer` / `make demo-vllm` / `make demo-learn`: the stage's venv (installed once, cached outside the
 # clone), then the tests (or the demo) with it. Where the pinned vLLM cannot be installed
 # (no package registry), say so and skip, as the network-mount mode does.
 set -euo pipefail
@@ -18,4 +18,12 @@ export ORCH_VLLM_PYTHON="$python"
 if [ "$what" = demo ]; then
     exec ${RUN:-uv run --frozen --python python3} python tests/vllm/demo_vllm.py "$@"
 fi
+# The reference trainer beside vLLM, for its own tests and the learning run.
+python3 tests/vllm/install_trainer.py "$python" >/dev/null
+if [ "$what" = learn ]; then
+    exec ${RUN:-uv run --frozen --python python3} python tests/vllm/demo_learn.py "$@"
+elif [ "$what" = trainer ]; then
+    ORCH_TRAINER_TESTS=1 exec "$python" -m pytest -q -p no:cacheprovider tests/trainer "$@"
+fi
+ORCH_TRAINER_TESTS=1 "$python" -m pytest -q -p no:cacheprovider tests/trainer
 exec ${RUN:-uv run --frozen --python python3} pytest -q tests/vllm "$@"

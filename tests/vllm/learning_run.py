@@ -1,0 +1,139 @@
+"""A learning run through the whole loop: real vLLM (`orchestrator-vllm serve`, routing by
+handle, versions loaded through `/update_weights`), the daemon, the reference trainer
+(`orchestrator-trainer`) and the run's own config (configs/learn.toml). What
+`make demo-learn` runs and the stage's learning test checks.
+
+Runs in the project's venv; vLLM and the trainer run in the stage's venv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+from _vllm_kit import ROOT, install_writer, tiny_model, trainer_command, vllm_server
+
+CONFIG = ROOT / "configs" / "learn.toml"
+#: The policy learned when the mean reward of the last five steps is at least this much
+#: above the first five's, and the eval's mean reward after at least this much above
+#: before. A random policy scores about 0.25 (the share of digit ids, by characters).
+MARGIN = 0.2
+#: Steps compared at each end of the run.
+ENDS = 5
+
+
+@attrs.frozen
+class LearningCurve:
+    """What a learning run measured: reward per step, eval before and after, mismatch."""
+
+    rewards: tuple[float, ...]
+    eval_before: float
+    eval_after: float
+    mismatch: tuple[float | None, ...]
+    mismatch_no_replay: tuple[float | None, ...]
+    seconds_per_step: float
+
+    @property
+    def first(self) -> float:
+        return statistics.fmean(self.rewards[:ENDS])
+
+    @property
+    def last(self) -> float:
+        return statistics.fmean(self.rewards[-ENDS:])
+
+    @property
+    def learned(self) -> bool:
+        return self.last - self.first >= MARGIN and self.eval_after - self.eval_before >= MARGIN
+
+    def lines(self) -> list[str]:
+        with_replay = [kl for kl in self.mismatch if kl is not None]
+        without = [kl for kl in self.mismatch_no_replay if kl is not None]
+        lines = [
+            f"mean reward, first {ENDS} steps: {self.first:.3f}; last {ENDS}: {self.last:.3f}",
+            f"eval mean reward, version 0: {self.eval_before:.3f}; last version: "
+            f"{self.eval_after:.3f}",
+            f"trainer: {self.seconds_per_step:.2f} s per step",
+        ]
+        if with_replay:
+            lines.append(
+                f"on-policy mismatch KL, median over {len(with_replay)} steps: "
+                f"{statistics.median(with_replay):.2e} with router replay"
+                + (f", {statistics.median(without):.2e} without" if without else "")
+            )
+        verdict = "learned" if self.learned else "did NOT learn"
+        lines.append(f"{verdict} (margin {MARGIN} on both)")
+        return lines
+
+
+def read_curve(run_dir: Path) -> LearningCurve:
+    trainer = [json.loads(line) for line in (run_dir / "trainer.jsonl").read_text().splitlines()]
+    evals = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines()]
+
+    def eval_mean(line: dict) -> float:  # type: ignore[type-arg]
+        results = list(line["envs"].values())
+        return statistics.fmean(result["reward_mean"] for result in results)
+
+    return LearningCurve(
+        rewards=tuple(line["reward_mean"] for line in trainer),
+        eval_before=eval_mean(evals[0]),
+        eval_after=eval_mean(evals[-1]),
+        mismatch=tuple(line["mismatch_kl"] for line in trainer),
+        mismatch_no_replay=tuple(line["mismatch_kl_no_replay"] for line in trainer),
+        seconds_per_step=statistics.fmean(line["seconds"] for line in trainer),
+    )
+
+
+def learning_run(  # type: ignore[no-untyped-def]
+    run_dir: Path, *more: str, server_flags: tuple[str, ...] = (), log=print
+) -> LearningCurve:
+    """Run configs/learn.toml into `run_dir` (emptied first) with `more` overrides, the
+    server started with `server_flags` too; its curve. Raises AssertionError when a
+    process fails."""
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    writer_root = run_dir / "server-payloads"
+    writer_root.mkdir(parents=True)
+    model = tiny_model()
+    install_writer()
+    overrides = [
+        f'run_dir="{run_dir}"',
+        f'model.path="{model}"',
+        f'payload.root="{writer_root / "run"}"',
+        *more,
+    ]
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    log(f"starting orchestrator-vllm on {model} (about 30 s) ...")
+    flags = ("--enforce-eager", *server_flags)
+    with vllm_server(model, run_dir / "vllm", *flags, writer_root=writer_root) as server:
+        log(f"vLLM ready at {server.url}; its log: {server.log}")
+        sets += ["--set", f'inference.urls=["{server.url}"]']
+        trainer_log = run_dir / "trainer.log"
+        with trainer_log.open("wb") as out:
+            trainer = subprocess.Popen(
+                [str(trainer_command()), "--config", str(CONFIG), *sets],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                # One thread: its few matrix products gain nothing from a second, and
+                # vLLM's engine needs the other core.
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+        try:
+            daemon = subprocess.run(
+                [sys.executable, "-m", "orchestrator.cli", "run", "--config", str(CONFIG), *sets],
+                cwd=ROOT,
+                timeout=900,
+            )
+            assert daemon.returncode == 0, f"the daemon exited {daemon.returncode}"
+            assert trainer.wait(timeout=120) == 0, f"the trainer failed: {trainer_log}"
+        finally:
+            if trainer.poll() is None:
+                trainer.kill()
+                trainer.wait()
+    report = [sys.executable, "-m", "orchestrator.cli", "report", "--config", str(CONFIG), *sets]
+    subprocess.run(report, cwd=ROOT, check=True)
+    return read_curve(run_dir)

@@ -1,0 +1,19 @@
+"""A small reference trainer for rollout-orchestrator (`orchestrator-trainer`).
+
+It reads the run's own config (the batches and weights directories, their layout, the
+model folder `[model] path`, its keys in `[train]`), and for each shipped batch, in
+order: one optimizer step of a GRPO-style token-level policy gradient on the batch's
+advantages, with prime-rl's trust-region mask on the importance ratio against the
+inference logprobs, the batch's routed experts replayed in every MoE layer; then a full
+Hugging Face checkpoint of the new weights as the next version, `STABLE` last. Each step
+appends one line to `<run_dir>/trainer.jsonl` with the training-inference mismatch.
+
+- `replay`: router replay for Qwen3-MoE (the routers' own top-k replaced).
+- `loss`: the policy-gradient loss and the mismatch KL (pure tensor arithmetic).
+- `policy`: the model and optimizer, started from `[model] path` or resumed from the
+  last published version.
+- `steps`: one batch, one optimizer step, its figures.
+- `step_log`: the `trainer.jsonl` lines and the mismatch warning (no torch).
+- `checkpoints`: a version's directory written whole, `STABLE` last.
+- `loop`: waiting for batches, training, publishing; `cli`: the command.
+"""
