@@ -38,6 +38,54 @@ NETMOUNT_MODES = ("cache", "nocache")
 NETMOUNT_SCRIPTS = Path(__file__).resolve().parent / "netmount"
 # The test directories whose `tmp_path` the mode moves onto the mount.
 NETMOUNT_SUITES = ("integration", "fault", "netmount")
+#: The modules whose outcome can depend on the filesystem under the run (marked
+#: `shared_fs`; the network-mount stage runs only these, `make test-netmount -m shared_fs`):
+#: they write, read, rename, fsync, list or delete payload files, batches or weights
+#: through the code a mount can change (caches, attribute timeouts, busy files, renames),
+#: or check the files a crash left. The rest talk HTTP, count, or score, which the
+#: filesystem under `tmp_path` cannot change, and ran already on local disk.
+SHARED_FS_MODULES = frozenset(
+    {
+        # The collector: listing, deleting, busy files, symbolic links, mounts, the wipe.
+        *(
+            f"integration/test_gc_{name}.py"
+            for name in (
+                "async_loop",
+                "busy",
+                "cli",
+                "collect",
+                "command_busy",
+                "concurrency",
+                "daemon_account",
+                "mounts",
+                "no_stat",
+                "symlinks",
+                "wipe",
+            )
+        ),
+        "integration/test_status_gc_commands.py",
+        # The daemon end to end: payload files written and checked, batches shipped,
+        # versions seen in the weights directory, in both layouts and formats.
+        "integration/test_daemon.py",
+        "integration/test_daemon_primerl.py",
+        "integration/test_daemon_weights_layout.py",
+        "integration/test_dispatcher_rejections.py",
+        "integration/test_run_preflight.py",
+        "integration/test_weight_updates.py",
+        # The servers' payload writes and the trainer's reads of every byte.
+        "integration/test_sim_inference.py",
+        "integration/test_sim_pd.py",
+        "integration/test_sim_trainer.py",
+        "integration/test_sim_trainer_primerl.py",
+        # Crashes and broken payload files: what is on disk after.
+        "fault/test_crash_resume.py",
+        "fault/test_faulty_peers.py",
+        "fault/test_pd_payloads.py",
+        # The mount itself, and weights published on it.
+        "netmount/test_mount_scripts.py",
+        "netmount/test_shared_weights.py",
+    }
+)
 # Installing sshfs and openssh-server on a fresh machine takes a while.
 _MOUNT_DEADLINE_S = 600
 
@@ -63,6 +111,18 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"{NETMOUNT_ENV}={mode!r}: one of {', '.join(NETMOUNT_MODES)}, or unset"
         )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests of `SHARED_FS_MODULES` `shared_fs`."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            module = Path(item.path).resolve().relative_to(tests).as_posix()
+        except ValueError:
+            continue
+        if module in SHARED_FS_MODULES:
+            item.add_marker(pytest.mark.shared_fs)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
