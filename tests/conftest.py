@@ -39,7 +39,7 @@ NETMOUNT_SCRIPTS = Path(__file__).resolve().parent / "netmount"
 # The test directories whose `tmp_path` the mode moves onto the mount.
 NETMOUNT_SUITES = ("integration", "fault", "netmount")
 #: The modules whose outcome can depend on the filesystem under the run (marked
-#: `shared_fs`; the network-mount stage runs only these, `make test-netmount -m shared_fs`):
+#: `shared_fs`; `make test-netmount` runs only these, with `pytest -m shared_fs`):
 #: they write, read, rename, fsync, list or delete payload files, batches or weights
 #: through the code a mount can change (caches, attribute timeouts, busy files, renames),
 #: or check the files a crash left. The rest talk HTTP, count, or score, which the

@@ -19,7 +19,6 @@ def record(**fields: object) -> StepRecord:
     values: dict[str, object] = {
         "step": 3,
         "version": 2,
-        "published": 3,
         "samples": 16,
         "tokens": 200,
         "loss": -0.01,
@@ -38,7 +37,7 @@ def record(**fields: object) -> StepRecord:
 
 def test_each_step_is_one_json_line_the_report_reads(tmp_path: Path) -> None:
     path = tmp_path / "run" / "trainer.jsonl"
-    append_record(path, record(step=1, published=1, version=0))
+    append_record(path, record(step=1, version=0))
     append_record(path, record(loss=math.nan, mismatch_kl=None))
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 3]

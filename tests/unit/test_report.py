@@ -72,7 +72,6 @@ def trainer_line(step: int, **more: Any) -> dict[str, Any]:
         "format": TRAINER_FORMAT,
         "step": step,
         "version": step - 1,
-        "published": step,
         "samples": 16,
         "tokens": 230,
         "loss": -0.01 * step,

@@ -63,7 +63,9 @@ def test_router_replay_lowers_the_on_policy_mismatch(
     assert statistics.median(without / with_replay for with_replay, without in pairs) >= 5, pairs
 
 
-def test_servers_that_keep_old_weights_are_named_by_the_mismatch(tmp_path: Path) -> None:
+def test_servers_that_keep_old_weights_are_named_by_the_mismatch(
+    tmp_path: Path, figure: Callable[[str], None]
+) -> None:
     # `weight_update = "none"` with a trainer that pushes nothing: the daemon applies each
     # version, the server keeps serving version 0. Every invariant of the run holds; the
     # trainer's mismatch is what tells.
@@ -79,6 +81,10 @@ def test_servers_that_keep_old_weights_are_named_by_the_mismatch(tmp_path: Path)
     )
     # Version 0's samples are the server's own; every later version is not.
     late = [kl for kl in curve.mismatch[1:] if kl is not None]
+    figure(
+        "on-policy mismatch KL, a server that kept version 0: "
+        + ", ".join("-" if kl is None else f"{kl:.2g}" for kl in curve.mismatch)
+    )
     assert late and min(late) > 0.01, curve.mismatch
     warnings = [
         json.loads(line)["event"]

@@ -71,9 +71,11 @@ def train(config: Config, *, stop: Callable[[], bool] = lambda: False) -> int:
     step = latest + 1
     while config.max_steps == 0 or step <= config.max_steps:
         step_dir = handoff.step_dir(settings, step)
-        while not handoff.is_step_shipped(settings, step_dir) or stop():
+        while True:
             if stop():
                 return step - 1
+            if handoff.is_step_shipped(settings, step_dir):
+                break
             time.sleep(config.trainer.poll_interval_s)
         started = time.monotonic()
         try:

@@ -48,11 +48,10 @@ class Mismatch:
 @attrs.frozen
 class StepRecord:
     """What one step did. `version` is the weights the trainer held while training batch
-    `step` (`step - 1`); `published` the version it wrote after."""
+    `step` (`step - 1`); it publishes version `step` after."""
 
     step: int
     version: int
-    published: int
     samples: int
     tokens: int
     loss: float

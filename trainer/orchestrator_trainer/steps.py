@@ -108,7 +108,6 @@ def train_step(policy: Policy, batch: Batch, train: TrainConfig) -> StepRecord:
     return StepRecord(
         step=batch.step,
         version=policy.version,
-        published=batch.step,
         samples=len(batch.samples),
         tokens=total_tokens,
         loss=loss_sum / total_tokens if total_tokens else 0.0,
