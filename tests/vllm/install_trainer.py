@@ -6,7 +6,8 @@ it beside vLLM, and pytest for its tests:
 
 Constrained to the venv's own packages (`pip freeze`), so nothing of vLLM's changes;
 then the clone's three folders again without dependencies, since pip keeps an installed
-version it finds equal and the code changes with the clone. Stdlib only.
+version it finds equal and the code changes with the clone. Stdlib only; uv's pip where
+uv is (vllm_env.py `installer`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from vllm_env import installer
+
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = (ROOT / "gc", ROOT, ROOT / "trainer")
 TEST_TOOLS = ("pytest", "pytest-trio")
@@ -24,6 +27,7 @@ TEST_TOOLS = ("pytest", "pytest-trio")
 def install(python: str) -> Path:
     """Install into the venv of `python`; the trainer's command."""
     pip = [python, "-m", "pip", "--disable-pip-version-check", "-q"]
+    install = installer(Path(python))
     frozen = subprocess.run(
         [*pip, "freeze", "--exclude-editable"], check=True, capture_output=True, text=True
     ).stdout
@@ -32,8 +36,9 @@ def install(python: str) -> Path:
         constraints.write("\n".join(pins) + "\n")
         constraints.flush()
         local = [str(path) for path in LOCAL]
-        subprocess.run([*pip, "install", "-c", constraints.name, *local, *TEST_TOOLS], check=True)
-    subprocess.run([*pip, "install", "--no-deps", "--force-reinstall", *local], check=True)
+        subprocess.run([*install, "-c", constraints.name, *local, *TEST_TOOLS], check=True)
+    again = installer(Path(python), reinstall=True)
+    subprocess.run([*again, "--no-deps", *local], check=True)
     return Path(python).parent / "orchestrator-trainer"
 
 

@@ -8,6 +8,8 @@ Runs in the project's venv; vLLM and the trainer run in the stage's venv.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import statistics
@@ -16,7 +18,15 @@ import sys
 from pathlib import Path
 
 import attrs
-from _vllm_kit import ROOT, install_writer, tiny_model, trainer_command, vllm_server
+from _vllm_kit import (
+    ROOT,
+    Server,
+    install_writer,
+    key_file,
+    tiny_model,
+    trainer_command,
+    vllm_server,
+)
 
 CONFIG = ROOT / "configs" / "learn.toml"
 #: The policy learned when the mean reward of the last five steps is at least this much
@@ -89,28 +99,42 @@ def read_curve(run_dir: Path) -> LearningCurve:
 
 
 def learning_run(  # type: ignore[no-untyped-def]
-    run_dir: Path, *more: str, server_flags: tuple[str, ...] = (), log=print
+    run_dir: Path,
+    *more: str,
+    server: Server | None = None,
+    server_flags: tuple[str, ...] = (),
+    log=print,
 ) -> LearningCurve:
-    """Run configs/learn.toml into `run_dir` (emptied first) with `more` overrides, the
-    server started with `server_flags` too; its curve. Raises AssertionError when a
-    process fails."""
+    """Run configs/learn.toml into `run_dir` (emptied first) with `more` overrides, on
+    `server` (an `orchestrator-vllm serve` of the tiny model holding its base weights)
+    or else on one started for it with `server_flags` too; its curve. Raises
+    AssertionError when a process fails."""
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-    writer_root = run_dir / "server-payloads"
-    writer_root.mkdir(parents=True)
+    run_dir.mkdir(parents=True)
     model = tiny_model()
-    install_writer()
-    overrides = [
-        f'run_dir="{run_dir}"',
-        f'model.path="{model}"',
-        f'payload.root="{writer_root / "run"}"',
-        *more,
-    ]
-    sets = [arg for override in overrides for arg in ("--set", override)]
-    log(f"starting orchestrator-vllm on {model} (about 30 s) ...")
-    flags = ("--enforce-eager", *server_flags)
-    with vllm_server(model, run_dir / "vllm", *flags, writer_root=writer_root) as server:
-        log(f"vLLM ready at {server.url}; its log: {server.log}")
-        sets += ["--set", f'inference.urls=["{server.url}"]']
+    with contextlib.ExitStack() as stack:
+        if server is None:
+            writer_root = run_dir / "server-payloads"
+            writer_root.mkdir()
+            install_writer()
+            log(f"starting orchestrator-vllm on {model} (about 30 s) ...")
+            flags = ("--enforce-eager", *server_flags)
+            server = stack.enter_context(
+                vllm_server(model, run_dir / "vllm", *flags, writer_root=writer_root)
+            )
+            log(f"vLLM ready at {server.url}; its log: {server.log}")
+        assert server.payload_root is not None, "the server writes no payloads by handle"
+        # The run's payload root, below the server's: its own, as the daemon wipes it.
+        payload_root = server.payload_root / hashlib.sha256(bytes(run_dir)).hexdigest()[:12]
+        overrides = [
+            f'run_dir="{run_dir}"',
+            f'model.path="{model}"',
+            f'payload.root="{payload_root}"',
+            f'inference.urls=["{server.url}"]',
+            *([key_file(server, run_dir)] if server.api_key else []),
+            *more,
+        ]
+        sets = [arg for override in overrides for arg in ("--set", override)]
         trainer_log = run_dir / "trainer.log"
         with trainer_log.open("wb") as out:
             trainer = subprocess.Popen(

@@ -9,16 +9,21 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+from _vllm_kit import Server
 from learning_run import MARGIN, learning_run
 
 
 def test_a_policy_learns_through_the_loop_on_the_weights_the_trainer_published(
-    tmp_path: Path, figure: Callable[[str], None]
+    writer_server: Server, tmp_path: Path, figure: Callable[[str], None]
 ) -> None:
     # A larger step than the demo's, for half its steps.
     steps = 20
     curve = learning_run(
-        tmp_path / "run", f"max_steps={steps}", "train.learning_rate=0.003", "eval.num_examples=16"
+        tmp_path / "run",
+        f"max_steps={steps}",
+        "train.learning_rate=0.003",
+        "eval.num_examples=16",
+        server=writer_server,
     )
     for line in curve.lines():
         figure(f"learning run, {steps} steps: {line}")
@@ -64,7 +69,7 @@ def test_router_replay_lowers_the_on_policy_mismatch(
 
 
 def test_servers_that_keep_old_weights_are_named_by_the_mismatch(
-    tmp_path: Path, figure: Callable[[str], None]
+    writer_server: Server, tmp_path: Path, figure: Callable[[str], None]
 ) -> None:
     # `weight_update = "none"` with a trainer that pushes nothing: the daemon applies each
     # version, the server keeps serving version 0. Every invariant of the run holds; the
@@ -78,6 +83,7 @@ def test_servers_that_keep_old_weights_are_named_by_the_mismatch(
         'inference.weight_update="none"',
         "eval.eval_base_model=false",
         "eval.num_examples=1",
+        server=writer_server,
     )
     # Version 0's samples are the server's own; every later version is not.
     late = [kl for kl in curve.mismatch[1:] if kl is not None]

@@ -21,6 +21,7 @@ from _vllm_kit import (
     Server,
     against_vllm,
     generate,
+    key_file,
     reference,
     run_against,
     tiny_model,
@@ -30,6 +31,7 @@ from _vllm_kit import (
 from orchestrator.commands.launch import launch_run
 from orchestrator.config import load_config
 from orchestrator.core.turns import TurnOutput
+from orchestrator.daemon import RunState
 from orchestrator.daemon.inference.client import load_weights
 from orchestrator.errors import UserError
 from orchestrator.handoff import read_batch
@@ -42,6 +44,8 @@ GOLDEN = ROOT / "tests" / "conformance" / "golden"
 #: Router logits closer than this between the k-th and the (k+1)-th expert are a near-tie:
 #: the server's kernels (another summation order, fused ops) may pick either.
 NEAR_TIE = 1e-3
+#: The longest a brief run waits for what it looks for.
+BRIEF_RUN_DEADLINE_S = 120.0
 
 
 def greedy_body(prompt: list[int], max_tokens: int, *, routing: bool = True) -> dict:
@@ -235,13 +239,6 @@ def dense_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield server
 
 
-def key_file(tmp_path: Path, token: str = API_KEY) -> str:
-    """The `--set` that has a run read `token` from a file."""
-    path = tmp_path / "api-key"
-    path.write_text(token + "\n")
-    return f'inference.api_key_file="{path}"'
-
-
 async def test_the_server_holds_each_version_the_run_applied(
     dense_server: Server, tmp_path: Path
 ) -> None:
@@ -258,7 +255,7 @@ async def test_the_server_holds_each_version_the_run_applied(
         steps,
         "payload.fields=[]",
         'inference.weight_update="vllm"',
-        key_file(tmp_path),
+        key_file(dense_server, tmp_path),
     )
     assert outcome.state.dispatch.failures["unauthorized"] == 0
     assert API_KEY not in (config.state_dir / "progress.json").read_text()
@@ -283,14 +280,28 @@ async def test_a_moe_server_reloads_its_own_checkpoint_unchanged(
     assert greedy_versions(eager_server, [model]) == [0]
 
 
-async def brief_run(server: Server, model: Path, run_dir: Path, seconds: float, *more: str):
-    """A run against `server` for `seconds`, then stopped; its state."""
+async def brief_run(
+    server: Server,
+    model: Path,
+    run_dir: Path,
+    seen: Callable[[RunState], bool],
+    *more: str,
+) -> RunState:
+    """A run against `server`, stopped once `seen(state)` holds (at most RUN_DEADLINE_S);
+    its state."""
     config = load_config(DEMO, against_vllm(run_dir, server, model, "max_steps=3", *more))
     async with trio.open_nursery() as nursery:
         state = await nursery.start(launch_run, config)
-        await trio.sleep(seconds)
+        with trio.move_on_after(BRIEF_RUN_DEADLINE_S):
+            # The run's state has no event for what a test looks for: it is polled.
+            while not seen(state):  # noqa: ASYNC110
+                await trio.sleep(0.2)
         nursery.cancel_scope.cancel()
     return state
+
+
+def failed(kind: str) -> Callable[[RunState], bool]:
+    return lambda state: state.dispatch.failures[kind] > 0
 
 
 async def test_routing_of_a_compiled_cpu_server_is_refused_with_the_cause(
@@ -299,7 +310,7 @@ async def test_routing_of_a_compiled_cpu_server_is_refused_with_the_cause(
     # The second finding: compiled (no --enforce-eager), vLLM 0.30.0's CPU build answers
     # routing of the right shape in which every id is 0; the daemon trained on it.
     with vllm_server(model, tmp_path / "vllm") as compiled:
-        state = await brief_run(compiled, model, tmp_path / "run", 20)
+        state = await brief_run(compiled, model, tmp_path / "run", failed("poisoned_payload"))
     assert state.shipping.next_step == 1
     assert state.dispatch.failures["poisoned_payload"] > 0
     ((text, _),) = state.dispatch.rejections.most_common("poisoned_payload", 1)
@@ -307,15 +318,24 @@ async def test_routing_of_a_compiled_cpu_server_is_refused_with_the_cause(
 
 
 async def test_a_server_without_routing_capture_stalls_with_the_right_hint(
-    model: Path, tmp_path: Path
+    model: Path, dense_server: Server, tmp_path: Path
 ) -> None:
     # The third finding: without routing capture every reply lacks routed_experts, and
-    # the stall warning blamed samples longer than batch.max_seq_len.
-    with (
-        structlog.testing.capture_logs() as logs,
-        vllm_server(model, tmp_path / "vllm", "--enforce-eager", routing=False) as plain,
-    ):
-        await brief_run(plain, model, tmp_path / "run", 12, "progress.stall_warning_s=5")
+    # the stall warning blamed samples longer than batch.max_seq_len. The server here is
+    # the dense twin's (started without --enable-return-routed-experts, as a MoE server
+    # forgotten without it): the run is the MoE's, and asks for routing.
+    def stalled(_: RunState) -> bool:
+        return any(e["event"] == "no batch shipped" for e in logs)
+
+    with structlog.testing.capture_logs() as logs:
+        await brief_run(
+            dense_server,
+            model,
+            tmp_path / "run",
+            stalled,
+            "progress.stall_warning_s=3",
+            key_file(dense_server, tmp_path),
+        )
     stalls = [e for e in logs if e["event"] == "no batch shipped"]
     assert stalls, [e["event"] for e in logs][-20:]
     hint = stalls[-1]["hint"]
@@ -329,7 +349,11 @@ async def test_a_closed_server_names_a_missing_token(dense_server: Server, tmp_p
     refused = generate(dense_server, greedy_body([300, 301], 2, routing=False), headers={})
     assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"})
     state = await brief_run(
-        dense_server, tiny_model("dense"), tmp_path / "run", 6, "payload.fields=[]"
+        dense_server,
+        tiny_model("dense"),
+        tmp_path / "run",
+        failed("unauthorized"),
+        "payload.fields=[]",
     )
     assert state.dispatch.failures["unauthorized"] > 0
     ((text, _),) = state.dispatch.rejections.most_common("unauthorized", 1)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _vllm_kit import Server, generate, install_writer, run_against, vllm_server
+from _vllm_kit import Server, generate, key_file, run_against
 from payload_gc import PayloadRootFiles
 
 from orchestrator.handoff import read_batch
@@ -24,31 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "configs" / "demo.toml"
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture
+def shared(writer_server: Server) -> Path:
     """The payload root the server and the daemon share (one host here)."""
-    root = tmp_path_factory.mktemp("shared") / "payloads"
-    root.mkdir()
-    return root
-
-
-@pytest.fixture(scope="module")
-def writer_server(
-    model: Path, shared: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    install_writer()
-    # No prefix cache: a request whose prompt hits it computes the positions after the
-    # cached blocks by another kernel path, whose sums can flip a near-tie between two
-    # experts (18 of 4,159 rows at a 4,096-token prompt of the wide model). The same
-    # request must be computed the same way to be compared by handle and inline.
-    with vllm_server(
-        model,
-        tmp_path_factory.mktemp("writer"),
-        "--enforce-eager",
-        "--no-enable-prefix-caching",
-        writer_root=shared,
-    ) as server:
-        yield server
+    assert writer_server.payload_root is not None
+    return writer_server.payload_root
 
 
 def body(request_id: str, prompt: list[int], seed: int, payload_dir: Path | None) -> dict:
@@ -124,7 +104,9 @@ def test_the_server_refuses_a_hostile_payload_dir(
 async def run(server: Server, model: Path, run_dir: Path, steps: int, *more: str):
     # The weights stay the base checkpoint, so two runs of the same seeds sample the same
     # tokens.
-    return await run_against(server, model, run_dir, steps, 'inference.weight_update="none"', *more)
+    weights = 'inference.weight_update="none"'
+    token = key_file(server, run_dir.parent / f"{run_dir.name}-key")
+    return await run_against(server, model, run_dir, steps, weights, token, *more)
 
 
 def routing_by_rollout(batches_dir: Path, steps: int) -> dict[str, tuple[list[int], np.ndarray]]:

@@ -10,43 +10,17 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from _vllm_kit import Server, generate, install_writer, reference, run_against, vllm_server
-from test_real_vllm import NEAR_TIE, greedy_body, inline_turn, key_file
+from _vllm_kit import Server, generate, key_file, reference, run_against, update_weights
+from test_real_vllm import NEAR_TIE, greedy_body, inline_turn
 
 from orchestrator.handoff import read_batch
 from orchestrator.sim.checkpoints import write_checkpoint
-
-API_KEY = "sk-tiny-writer-91c4"
-
-
-@pytest.fixture(scope="module")
-def writer_server(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    install_writer()
-    root = tmp_path_factory.mktemp("payloads")
-    # Closed with --api-key: /update_weights wants the same token as the generate path.
-    with vllm_server(
-        model,
-        tmp_path_factory.mktemp("writer"),
-        "--enforce-eager",
-        writer_root=root,
-        api_key=API_KEY,
-    ) as server:
-        yield server
-
-
-def update(server: Server, weight_dir: Path | str) -> httpx.Response:
-    return httpx.post(
-        f"{server.url}/update_weights",
-        json={"weight_dir": str(weight_dir)},
-        headers=server.headers,
-        timeout=300,
-    )
 
 
 def served_as(server: Server, checkpoint: Path) -> tuple[bool, np.ndarray, np.ndarray]:
@@ -72,7 +46,7 @@ def test_each_checkpoint_loaded_is_served_as_transformers_computes_it(
         checkpoint = model if version == 0 else tmp_path / f"step_{version}"
         if version:
             write_checkpoint(model, version, checkpoint)
-        answer = update(writer_server, checkpoint)
+        answer = update_weights(writer_server, checkpoint)
         assert answer.status_code == 200, answer.text
         # N of a trainer's step_N; the base folder's name otherwise.
         assert answer.json()["version"] == (str(version) if version else model.name)
@@ -129,11 +103,11 @@ def test_a_checkpoint_that_cannot_load_is_refused_and_the_weights_stay(
 ) -> None:
     kept = tmp_path / "step_5"
     write_checkpoint(model, 5, kept)
-    assert update(writer_server, kept).status_code == 200
+    assert update_weights(writer_server, kept).status_code == 200
     bad = tmp_path / "step_6"
     if make is not None:
         make(kept, bad)
-    answer = update(writer_server, bad)
+    answer = update_weights(writer_server, bad)
     assert answer.status_code == 400, answer.text
     message = answer.json()["error"]["message"]
     assert reason in message and str(bad) in message, message
@@ -169,9 +143,6 @@ async def test_routing_shipped_after_each_update_is_that_versions_routers(
     # computes from checkpoint k. Inline, so that the batches can be read after the run
     # (by handle, collections delete their files; the writer's rows by handle equal
     # these, tests/vllm/test_vllm_writer.py).
-    # A fresh run's v0 is the base model: the tests before this one left the server
-    # holding other weights, which the daemon never loads back.
-    assert update(writer_server, model).status_code == 200
     steps = 5
     config, outcome = await run_against(
         writer_server,
@@ -180,7 +151,7 @@ async def test_routing_shipped_after_each_update_is_that_versions_routers(
         steps,
         'inference.weight_update="prime-rl"',
         "staleness.max_off_policy_steps=1",
-        key_file(tmp_path, API_KEY),
+        key_file(writer_server, tmp_path),
     )
     assert outcome.state.versions.applied >= 2
     by_version: dict[int, list] = {}

@@ -5,12 +5,15 @@ the demo's tokenizer, made here, never downloaded. Runs in the stage's venv (tor
     python tiny_moe.py build-dense OUT TOKENIZER_DIR   # the same without experts
     python tiny_moe.py build-wide OUT TOKENIZER_DIR    # 48 layers, top-8 of 128 experts
     python tiny_moe.py reference MODEL_DIR < job.json > answer.json
+    python tiny_moe.py references        # one {"model", "job"} line in, one answer line out
 
 `reference` answers what `transformers` computes from a checkpoint, for the tests to
 compare the server with: for each `{"prompt": [ids], "max_tokens": n}` the greedy
 completion, and for `{"routing": [ids]}` the router's top-k experts of every position and
 layer, with the margin between the k-th and the (k+1)-th router logit (a near-tie there
-lets a server's kernels pick either expert).
+lets a server's kernels pick either expert). `references` answers such jobs one JSON line
+each, for as long as its stdin is open, so that the tests pay torch's import once; a job
+that fails is answered `{"error": traceback}`.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import traceback
 from pathlib import Path
+from typing import TextIO
 
 import torch
 import transformers
@@ -124,6 +129,17 @@ def reference(model_dir: Path, job: dict) -> dict:
     return answer
 
 
+def references(lines: TextIO, out: TextIO) -> None:
+    for line in lines:
+        request = json.loads(line)
+        try:
+            answer = reference(Path(request["model"]), request["job"])
+        except Exception:
+            answer = {"error": traceback.format_exc()}
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
+
+
 BUILDS = {"build": "moe", "build-dense": "dense", "build-wide": "wide"}
 
 
@@ -133,6 +149,8 @@ def main() -> int:
         build(Path(args[0]), Path(args[1]), kind=BUILDS[command])
     elif command == "reference":
         json.dump(reference(Path(args[0]), json.load(sys.stdin)), sys.stdout)
+    elif command == "references":
+        references(sys.stdin, sys.stdout)
     else:
         print(__doc__, file=sys.stderr)
         return 2

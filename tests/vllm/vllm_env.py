@@ -7,11 +7,16 @@ Stdlib only: it runs before anything is installed. The cache is `$ORCH_VLLM_CACH
 (default `~/.cache/rollout-orchestrator/vllm`); a venv is complete once its `.complete`
 marker exists, so an install stopped half-way is redone, never used. Exit 3 with one
 line when the packages cannot be installed (no registry): the stage skips with that line.
+
+Packages go in with uv's pip where uv is (`make setup` installs it), pip otherwise: uv
+downloads in parallel and keeps its wheels in its own cache. The whole venv, nothing
+cached, took 12 s with uv on the 2-core machine, against about 4 minutes with pip.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -42,10 +47,33 @@ def venv_dir() -> Path:
     return cache_dir() / f"venv-{key}"
 
 
-def _pip(python: Path, *args: str) -> None:
-    subprocess.run(
-        [str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args], check=True
-    )
+def _uv() -> list[str] | None:
+    """The uv command, None where there is none."""
+    if found := shutil.which("uv"):
+        return [found]
+    if importlib.util.find_spec("uv") is not None:
+        return [sys.executable, "-m", "uv"]
+    return None
+
+
+def installer(python: Path, *, reinstall: bool = False) -> list[str]:
+    """The command that installs packages into the venv of `python` (arguments follow),
+    reinstalling those named when `reinstall`: `uv pip install` where uv is, with the
+    folders pip is told to find wheels in (`PIP_FIND_LINKS`: where these machines keep
+    the CPU build of torch), else pip.
+
+    uv compiles bytecode only when asked, pip always: where PYTHONDONTWRITEBYTECODE is
+    set nothing compiles it later, and every process would compile torch's and vLLM's
+    modules again (the trainer's tests took 85 s instead of 31)."""
+    uv = _uv()
+    if uv is None:
+        pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q", "install"]
+        return [*pip, *(["--force-reinstall"] if reinstall else [])]
+    links = os.environ.get("PIP_FIND_LINKS", "").split()
+    found = [arg for link in links for arg in ("--find-links", link)]
+    again = ["--reinstall"] if reinstall else []
+    into = ["--python", str(python), "--compile-bytecode"]
+    return [*uv, "pip", "install", "--quiet", *into, *found, *again]
 
 
 def ensure() -> Path:
@@ -56,12 +84,14 @@ def ensure() -> Path:
         return python
     shutil.rmtree(where, ignore_errors=True)
     where.parent.mkdir(parents=True, exist_ok=True)
-    print(f"installing {', '.join(pins())} into {where} (a few minutes, once)", file=sys.stderr)
+    took = "about a minute" if _uv() else "a few minutes"
+    print(f"installing {', '.join(pins())} into {where} ({took}, once)", file=sys.stderr)
     venv.EnvBuilder(with_pip=True).create(where)
     torch = [pin for pin in pins() if pin.startswith("torch")]
-    _pip(python, "install", *torch)
-    _pip(python, "install", *pins())
-    _pip(python, "uninstall", "-y", *UNWANTED)
+    subprocess.run([*installer(python), *torch], check=True)
+    subprocess.run([*installer(python), *pins()], check=True)
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "uninstall", "-y", *UNWANTED], check=True)
     subprocess.run([str(python), "-c", "import vllm, torch, transformers"], check=True)
     # Older venvs of other pins are left for `rm -r`: each is several GB, but a branch
     # with other pins may still want its own.
