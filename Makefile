@@ -40,7 +40,7 @@ lint: setup
 # In one worker process per core (pytest-xdist); the ten slowest tests are printed at the
 # end, so the next change that adds time is seen.
 test: lint
-	$(RUN) pytest -q -n auto --durations=10
+	$(RUN) pytest -q -n auto --dist worksteal --durations=10
 
 # The inner loop: the linters and the unit and property tests (under a minute).
 test-quick: lint

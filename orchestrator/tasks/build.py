@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
 
@@ -168,10 +168,13 @@ def check_tasks(config: Config) -> None:
 @attrs.frozen
 class Tasks:
     """What a run's real tasks give the daemon: the environment it trains on (None when
-    it lists no `[[env]]`: the simulator's toy one then) and the eval tasks."""
+    it lists no `[[env]]`: the simulator's toy one then), the eval tasks, and what starts
+    their reward workers (run it beside the daemon's own start: the first scores wait for
+    it)."""
 
     environment: Environment | None
     evals: tuple[EvalTask, ...] = ()
+    start_workers: Callable[[], Awaitable[None]] | None = None
 
 
 @asynccontextmanager
@@ -201,7 +204,7 @@ async def open_tasks(config: Config) -> AsyncIterator[Tasks]:
                 )
                 for loaded in tasks.evals
             )
-            yield Tasks(environment, evals)
+            yield Tasks(environment, evals, pool.start_workers)
     finally:
         tasks.close()
 

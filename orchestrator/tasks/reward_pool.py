@@ -82,6 +82,9 @@ class RewardExecutor(Protocol):
     @property
     def failures(self) -> Mapping[tuple[str, FailureKind], int]: ...
 
+    async def start_workers(self) -> None:
+        """Start what the first calls would otherwise wait for; returns once started."""
+
     async def score(
         self, env: str, specs: Sequence[RewardSpec], arguments: Mapping[str, Any]
     ) -> float: ...
@@ -132,11 +135,30 @@ class RewardPool:
     # token of `_limiter` when it calls in, and a task cannot take a token twice.
     _worker_limiter: trio.CapacityLimiter
     _failures: RewardFailures = attrs.field(factory=RewardFailures)
+    # Set once the first workers have started (or failed to); None until they begin.
+    _started: trio.Event | None = None
 
     @property
     def failures(self) -> Mapping[tuple[str, FailureKind], int]:
         """The number of failed calls so far, by (environment, kind)."""
         return dict(self._failures.counts)
+
+    async def start_workers(self) -> None:
+        """Start the pool's `workers` processes, all at once, unless that has begun
+        already; return once they have started (a worker that did not start is logged,
+        and the next call starts another). The daemon runs it beside its own start; the
+        first call runs it otherwise, before its deadline starts."""
+        if self._started is not None:
+            await self._started.wait()
+            return
+        self._started = trio.Event()
+        try:
+            # All at once, so that each of these calls starts a worker of its own.
+            async with trio.open_nursery() as nursery:
+                for _ in range(int(self._limiter.total_tokens)):
+                    nursery.start_soon(self._start_first_worker)
+        finally:
+            self._started.set()
 
     async def score(
         self, env: str, specs: Sequence[RewardSpec], arguments: Mapping[str, Any]
@@ -147,6 +169,7 @@ class RewardPool:
         `workers` calls run at once; the others wait for a free worker. Raises
         `RewardFailed` for every failure of the reward functions or their worker.
         """
+        await self.start_workers()
         async with self._limiter:
             try:
                 await self._ensure_idle_worker()
@@ -201,11 +224,13 @@ async def open_reward_pool(
 ) -> AsyncIterator[RewardPool]:
     """A pool of `workers` processes that score rollouts, each call under `timeout_s`.
 
-    The workers are started before the pool is handed out, and each worker (and each
-    replacement of a killed one) imports the reward functions of `preload` when it
-    starts, so that neither counts against a call's deadline. On exit, calls still
-    running are waited for (cancel them first: a cancelled call kills its worker).
-    Raises ValueError for fewer than one worker or a deadline that is not positive.
+    The workers start with `RewardPool.start_workers` (or the first call), side by side
+    with what the caller starts meanwhile: a spawn and its imports take seconds. Each
+    worker (and each replacement of a killed one) imports the reward functions of
+    `preload` when it starts, so that neither counts against a call's deadline. On exit,
+    calls still running are waited for (cancel them first: a cancelled call kills its
+    worker). Raises ValueError for fewer than one worker or a deadline that is not
+    positive.
     """
     if workers < 1:
         raise ValueError(f"a reward pool needs at least one worker, not {workers}")
@@ -218,17 +243,12 @@ async def open_reward_pool(
         init=functools.partial(_start_worker, paths),
         grace_period=_WORKER_GRACE_PERIOD_S,
     ) as context:
-        pool = RewardPool(
+        yield RewardPool(
             timeout_s,
             context,
             trio.CapacityLimiter(workers),
             trio.CapacityLimiter(workers),
         )
-        # All at once, so that each of these calls starts a worker of its own.
-        async with trio.open_nursery() as nursery:
-            for _ in range(workers):
-                nursery.start_soon(pool._start_first_worker)
-        yield pool
 
 
 def _start_worker(paths: Sequence[str]) -> None:
