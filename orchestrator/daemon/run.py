@@ -17,6 +17,7 @@ when stopped (`orchestrator.daemon.stop`), and returns what the run did either w
 
 from __future__ import annotations
 
+import functools
 import socket
 import time
 from collections.abc import Sequence
@@ -294,7 +295,10 @@ async def _serve(
                 serve_stall_watch, figures.stall, figures.snapshot, services.progress.save
             )
             await nursery.start(
-                serve_progress_report, figures.reporter, figures.snapshot, services.progress.save
+                functools.partial(serve_progress_report, started_at=figures.stall.started_at),
+                figures.reporter,
+                figures.snapshot,
+                services.progress.save,
             )
             if start.resumed and start.resume_step > 0:
                 # The start-up collection (docs/design.md §7) runs like any policy

@@ -78,7 +78,11 @@ async def test_every_sample_too_long_warns_and_status_shows_it(
     assert {line["log_level"] for line in lines} == {"info"}
     busy = [line for line in lines if line["discards"]]
     assert busy and all(set(line["discards"]) == {"untrainable"} for line in busy)
-    assert all(line["rollouts_per_s"] > 0 for line in busy)
+    # A group is discarded after its last rollout completed, under load in a later
+    # interval, whose line then has discards and no completions: the completions are in
+    # that line's interval or an earlier one.
+    first_busy = lines.index(busy[0])
+    assert any(line["rollouts_per_s"] > 0 for line in lines[: first_busy + 1])
     assert {(line["step"], line["queued_samples"], line["needed_samples"]) for line in lines} == {
         (1, 0, config.batch.size)
     }

@@ -101,11 +101,11 @@ class ProgressReporter:
         return line
 
     def next_check(self, now: float) -> float:
-        """When a line may next be due (always later than `now`)."""
+        """When a line may next be due: `now` when one is due already (the baseline was
+        taken before its caller started asking)."""
         if not self.on:
             return math.inf
-        due = self._base_at + self.interval_s
-        return due if due > now else now + self.interval_s
+        return max(self._base_at + self.interval_s, now)
 
 
 async def serve_progress_report(
@@ -113,12 +113,17 @@ async def serve_progress_report(
     snapshot: Callable[[], RunSnapshot],
     on_line: Callable[[], Awaitable[None]],
     *,
+    started_at: float | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Log `progress` every `reporter.interval_s`, reading `snapshot()` then; after each
     line, `on_line()` (the daemon saves its progress, so `orchestrator status` shows the
-    same). Runs until cancelled; with the reporter off, sleeps."""
-    reporter.start(trio.current_time(), snapshot())
+    same). The first line is due `interval_s` after `started_at` (trio's clock; now when
+    None): the daemon passes its start, which its stall warnings count from too, so that
+    a slow start-up never puts the first warning before the first line. Runs until
+    cancelled; with the reporter off, sleeps."""
+    now = trio.current_time()
+    reporter.start(now if started_at is None else started_at, snapshot())
     task_status.started()
     while True:
         await trio.sleep_until(reporter.next_check(trio.current_time()))
