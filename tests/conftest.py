@@ -114,7 +114,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests of `SHARED_FS_MODULES` `shared_fs`."""
+    """Mark the tests of `SHARED_FS_MODULES` `shared_fs`, and run the `slow` ones first.
+
+    In worker processes (`-n auto`) a long test taken last keeps one worker busy while the
+    others have nothing left to take: started first, the short tests fill in around it.
+    The order within each group stays the collection's.
+    """
     tests = Path(__file__).resolve().parent
     for item in items:
         try:
@@ -123,6 +128,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if module in SHARED_FS_MODULES:
             item.add_marker(pytest.mark.shared_fs)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
