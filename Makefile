@@ -42,9 +42,10 @@ lint: setup
 test: lint
 	$(RUN) pytest -q -n auto --dist worksteal --durations=10
 
-# The inner loop: the linters and the unit and property tests (under a minute).
+# The inner loop: the linters and the unit and property tests (under a minute), in one
+# worker per core as `make test`.
 test-quick: lint
-	$(RUN) pytest -q tests/unit tests/property
+	$(RUN) pytest -q -n auto --dist worksteal tests/unit tests/property
 
 # The tests whose outcome can depend on the filesystem (marked shared_fs: payload writes
 # and reads, collections, weights seen, busy files, renames, fsync, crash leftovers; the

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from orchestrator.handoff import shipped_steps
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
@@ -43,6 +45,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
     raise AssertionError("timed out")
 
 
+@pytest.mark.slow
 def test_sigterm_stops_gracefully_and_a_restart_finishes_the_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     batches = run_dir / "batches"

@@ -261,6 +261,7 @@ class Run:
         self.check_state()
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(runs())
 def test_sink_invariants_hold_over_random_runs(
