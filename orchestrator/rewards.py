@@ -3,15 +3,19 @@
 Each takes the keyword arguments it needs (`completion`, the final completion's text, and
 `answer`, the dataset's answer column value or None) and returns 1.0 or 0.0. A leaf
 module: the reward pool's workers import it, so it imports nothing of the daemon.
+
+math-verify (with sympy) takes about half a second to import, so it is imported on first
+use: the daemon checks that `math_answer` exists without paying for it, and each worker
+imports it when it starts, through `math_answer.prepare` (see
+`orchestrator.tasks.reward_functions.import_reward_functions`).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
-
-import math_verify
-from math_verify.errors import TimeoutException
+from types import ModuleType
 
 # math-verify bounds each parse and each comparison with signal.alarm(seconds), which only
 # works in a process's main thread: elsewhere it raises ValueError instead of parsing.
@@ -19,6 +23,16 @@ from math_verify.errors import TimeoutException
 # pathological expression into a 0.0 in whole seconds; in any other thread the timeouts
 # are off (None), and the pool's per-call deadline, which kills the worker, is the bound.
 _MATH_VERIFY_TIMEOUT_S = 3
+
+
+@functools.cache
+def _math_verify() -> ModuleType:
+    import math_verify
+    import math_verify.errors
+
+    module: ModuleType = math_verify
+    return module
+
 
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+)", re.ASCII)
 
@@ -42,6 +56,7 @@ def math_answer(completion: str, answer: object) -> float:
     """
     if answer is None:
         return 0.0
+    math_verify = _math_verify()
     in_main_thread = threading.current_thread() is threading.main_thread()
     timeout_s = _MATH_VERIFY_TIMEOUT_S if in_main_thread else None
     try:
@@ -54,9 +69,13 @@ def math_answer(completion: str, answer: object) -> float:
         matched = math_verify.verify(gold, target, timeout_seconds=timeout_s)
     # TimeoutException is a BaseException; math-verify catches its own, but an alarm
     # that fires between its handlers must still give 0.0.
-    except (Exception, TimeoutException):
+    except (Exception, math_verify.errors.TimeoutException):
         return 0.0
     return 1.0 if matched else 0.0
+
+
+# What a reward worker runs when it starts (its heavy import), before its first call.
+math_answer.prepare = _math_verify  # type: ignore[attr-defined]
 
 
 def number_format(completion: str) -> float:

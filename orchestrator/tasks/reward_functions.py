@@ -198,12 +198,22 @@ def score_rollout(specs: Sequence[RewardSpec], arguments: Mapping[str, Any]) -> 
 
 def import_reward_functions(paths: Iterable[str]) -> None:
     """Import the reward functions at `paths` into this process's cache, skipping any that
-    fail: scoring with them reports the failure. A worker process's start-up hook."""
+    fail: scoring with them reports the failure. A worker process's start-up hook.
+
+    A reward function may carry a `prepare` attribute, a callable taking no arguments that
+    does its heavy start-up work (importing a large library, loading a model): it is called
+    here, in the worker, and never in the daemon, which only checks that the function
+    exists. An exception from it is left for the first call to meet again."""
     for path in paths:
         try:
-            _import_function(path)
+            prepare = getattr(_import_function(path), "prepare", None)
         except RewardConfigError:
-            pass
+            continue
+        if callable(prepare):
+            try:
+                prepare()
+            except Exception:
+                pass
 
 
 def score_rollout_captured(

@@ -75,3 +75,17 @@ def no_daemon_modules(**kwargs: Any) -> float:
 def niceness() -> float:
     """The worker's own niceness."""
     return float(os.nice(0))
+
+
+_PREPARED_IN: list[int] = []
+
+
+def prepared(**kwargs: Any) -> float:
+    """1.0 where `prepared.prepare` already ran in this process before the first call,
+    else raise."""
+    if [os.getpid()] != _PREPARED_IN:
+        raise RuntimeError(f"prepare ran in {_PREPARED_IN}, this worker is {os.getpid()}")
+    return 1.0
+
+
+prepared.prepare = lambda: _PREPARED_IN.append(os.getpid())  # type: ignore[attr-defined]

@@ -51,11 +51,14 @@ def fixture(name: str, weight: float = 1.0) -> RewardSpec:
 @pytest.mark.usefixtures("fixtures_on_path")
 async def test_scores_weighted_sums_in_workers_that_import_no_daemon() -> None:
     specs = [fixture("length", 0.5), fixture("answer_is_env", 2.0), fixture("numpy_half", -1.0)]
-    async with open_reward_pool(2, 10.0, preload=specs) as pool:
+    prepared = [fixture("prepared")]
+    async with open_reward_pool(2, 10.0, preload=[*specs, *prepared]) as pool:
         assert await pool.score("capitals", specs, ARGUMENTS) == 0.5 * 5 + 2.0 - 0.5
         other = {**ARGUMENTS, "env": "rivers", "completion": "Nile!"}
         assert await pool.score("rivers", specs, other) == 0.5 * 5 - 0.5
         assert await pool.score("capitals", [fixture("no_daemon_modules")], ARGUMENTS) == 1.0
+        # Each worker ran the function's `prepare` once, when it started.
+        assert await pool.score("capitals", prepared, ARGUMENTS) == 1.0
 
         # Four calls of 0.3 s on two workers: two rounds, never four at once.
         nap = [fixture("naps")]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -161,3 +163,20 @@ def test_every_key_of_the_shipped_configs_is_commented(name: str) -> None:
             assert lines[block_start].startswith(("#", "[")), f"{name}: {line!r} lacks a comment"
             block = lines[block_start:index]
             assert any(above.startswith("#") for above in block), f"{name}: {line!r} uncommented"
+
+
+def test_check_config_leaves_a_reward_library_to_the_workers(tmp_path: Path) -> None:
+    # The demo scores with math_answer; checking its config loads the function but not
+    # math-verify (sympy), which only a reward worker imports (`math_answer.prepare`).
+    (tmp_path / "demo").symlink_to(CONFIGS.parent / "demo")
+    probe = (
+        "import sys\n"
+        "from orchestrator.cli import main\n"
+        f"assert main(['check-config', {str(CONFIGS / 'demo.toml')!r}]) == 0\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('math_verify', 'sympy'))\n"
+        "sys.exit(f'imported {loaded[:3]}' if loaded else 0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
