@@ -25,6 +25,7 @@ after the run against the demo's.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import signal
@@ -72,6 +73,9 @@ class Result:
     p99_lag_ms: float
     rss_mib: float
     cores: str = "1"
+    #: The CPU time of the event loop's own thread (the rest of daemon_cpu_s is the
+    #: daemon's worker threads: tokenization, payload checks, batch writes).
+    loop_cpu_s: float = 0.0
 
     @property
     def per_cpu_s(self) -> float:
@@ -104,17 +108,25 @@ async def lag_monitor(lags: list[float]) -> None:
         lags.append(trio.current_time() - before - LAG_TICK_S)
 
 
-async def measure(name: str, config: Config) -> Result:
+async def measure(name: str, config: Config, profiler: cProfile.Profile | None = None) -> Result:
     """One run, measured from the moment it dispatches (start-up, the tokenizer's loading
-    and the reward workers' spawning excluded) to its end."""
+    and the reward workers' spawning excluded) to its end; `profiler` (bench/rollout_profile.py)
+    profiles the event loop's thread over the same span."""
     lags: list[float] = []
     async with trio.open_nursery() as nursery:
         async with running_daemon(config) as daemon:
             children = os.times()
-            cpu, started = cpu_seconds(), time.monotonic()
+            cpu, started, loop_cpu = cpu_seconds(), time.monotonic(), time.thread_time()
             nursery.start_soon(lag_monitor, lags)
-            while daemon.outcome is None:
-                await daemon.state.wait_changed()
+            if profiler is not None:
+                profiler.enable()
+            try:
+                while daemon.outcome is None:
+                    await daemon.state.wait_changed()
+            finally:
+                if profiler is not None:
+                    profiler.disable()
+                loop_cpu = time.thread_time() - loop_cpu
         nursery.cancel_scope.cancel()
     after = os.times()
     outcome = daemon.outcome
@@ -132,6 +144,7 @@ async def measure(name: str, config: Config) -> Result:
         max(lags, default=0.0) * 1000,
         percentile(lags, 0.99) * 1000,
         rss_bytes() / 2**20,
+        loop_cpu_s=loop_cpu,
     )
 
 
@@ -179,9 +192,17 @@ def workload_overrides(kind: str, data: Path) -> list[str]:
     ]
 
 
-def run_one(kind: str, steps: int, data: Path, base: Path, *, every_core: bool = False) -> Result:
+def run_one(
+    kind: str,
+    steps: int,
+    data: Path,
+    base: Path,
+    *,
+    every_core: bool = False,
+    profiler: cProfile.Profile | None = None,
+) -> Result:
     """One workload; `every_core`: this process is not pinned (see `every_core_row`),
-    else the daemon runs on its own core."""
+    else the daemon runs on its own core. `profiler`: see `measure`."""
     cores = plan_cores()
     config_file = SIM if kind.startswith("toy") else DEMO
     flags = ["--vocab-size=1024"]
@@ -201,7 +222,7 @@ def run_one(kind: str, steps: int, data: Path, base: Path, *, every_core: bool =
             "trainer.poll_interval_s=0.05",
         ]
         with sim_trainer(trainer, cores.fleet, run_dir.with_name(f"{run_dir.name}-trainer.log")):
-            result = trio.run(measure, kind, load_config(config_file, overrides))
+            result = trio.run(measure, kind, load_config(config_file, overrides), profiler)
     if every_core:
         return attrs.evolve(result, cores=str(len(cores.daemon | cores.fleet) or "all"))
     return result

@@ -19,8 +19,12 @@ SCRIPTS = [
     "system_disk.py",
     # The adaptive in-flight limit against a fixed one on an overloaded fleet (issue 15).
     "system_overload.py",
+    # Start-up: check-config and a demo run's first lines, against an older revision.
+    "startup_time.py",
     # Real tasks (tokenizer, chat template, rewards in worker processes) against the toy.
     "real_tasks.py",
+    # Where a real rollout's cost goes, stage by stage, against an older revision.
+    "rollout_profile.py",
     # Rewards on a local Ray instance against the local worker processes (issue 25).
     "ray_rewards.py",
     # Batches of 256 and 512 rollouts of ~4,500 tokens: lag, memory, batch write and read.

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 import numpy as np
 import numpy.typing as npt
+import trio
 
 from orchestrator.core.arrays import token_array
 from orchestrator.errors import UserError
@@ -54,7 +55,7 @@ from orchestrator.errors import UserError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["BridgeError", "ChatTokenizer", "Message", "TokenizerError"]
+__all__ = ["BridgeError", "ChatTokenizer", "Message", "TokenizerError", "decode_completions"]
 
 #: A chat message as the template reads it: at least "role" and "content".
 Message = Mapping[str, Any]
@@ -76,6 +77,10 @@ _BASE_REPLY = "yq7"
 
 #: transformers' own "no limit" (its VERY_LARGE_INTEGER) for `model_max_length`.
 _NO_LENGTH_LIMIT = int(1e30)
+#: Up to this many tokens, completions are decoded on the event loop: about 5 µs for 16
+#: tokens and 0.2 ms for 1,000 on the reference machine, where a worker thread's round trip
+#: costs some 55 µs of CPU and two of the scheduler's rounds. Longer ones go to a thread.
+INLINE_DECODE_TOKENS = 2048
 
 
 class TokenizerError(UserError):
@@ -304,3 +309,15 @@ def _config_eos_ids(path: Path) -> list[int]:
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
         raise TokenizerError(f"{path}: eos_token_id must be a token id or a list of them")
     return cast(list[int], values)
+
+
+async def decode_completions(
+    tokenizer: ChatTokenizer, completions: Sequence[npt.ArrayLike], limiter: trio.CapacityLimiter
+) -> list[str]:
+    """The texts of `completions` (`ChatTokenizer.decode`): on the loop when they are short
+    (`INLINE_DECODE_TOKENS` in all), else in a worker thread under `limiter`."""
+    if sum(np.size(ids) for ids in completions) <= INLINE_DECODE_TOKENS:
+        return [tokenizer.decode(ids) for ids in completions]
+    return await trio.to_thread.run_sync(
+        lambda: [tokenizer.decode(ids) for ids in completions], limiter=limiter
+    )

@@ -8,7 +8,8 @@ message from its `prompt` column after the optional system prompt. A prompt long
 the budget (`batch.max_seq_len` minus the env's `max_tokens`) is skipped
 (`PromptSkipped`) rather than sent to fail at the server. Reading a row, rendering it and
 decoding a completion run in worker threads (the tokenizer releases the interpreter
-lock); rewards run in the reward pool's processes.
+lock), but for short completions, decoded on the loop (`decode_completions`); rewards run
+in the reward pool's processes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from orchestrator.core.environments import (
     Sampling,
 )
 from orchestrator.errors import UserError
-from orchestrator.tasks.chat import ChatTokenizer
+from orchestrator.tasks.chat import ChatTokenizer, decode_completions
 from orchestrator.tasks.datasets import DataOrder, Dataset
 from orchestrator.tasks.reward_functions import RewardSpec
 from orchestrator.tasks.reward_pool import RewardExecutor, score_episode
@@ -137,9 +138,7 @@ class DatasetEnvironment:
     async def score(self, prompt: Prompt, completions: Sequence[np.ndarray]) -> float:
         """The rollout's reward: its completions decoded, the reward functions run on
         them in the reward pool. Raises `ScoreFailed`."""
-        texts = await trio.to_thread.run_sync(
-            lambda: [self.tokenizer.decode(ids) for ids in completions], limiter=self.limiter
-        )
+        texts = await decode_completions(self.tokenizer, completions, self.limiter)
         info = prompt.info
         return await score_episode(
             self.pool,

@@ -38,7 +38,7 @@ import trio
 
 from orchestrator.core.environments import Episode, Prompt, PromptSkipped, Sampling, ScoreFailed
 from orchestrator.errors import UserError
-from orchestrator.tasks.chat import ChatTokenizer
+from orchestrator.tasks.chat import ChatTokenizer, decode_completions
 from orchestrator.tasks.reward_functions import RewardSpec
 from orchestrator.tasks.reward_pool import RewardExecutor, score_episode
 
@@ -142,7 +142,7 @@ class PluginEnvironment:
         return PluginEpisode(self, prompt, list(prompt.info["prompt"]))
 
     async def decode(self, ids: np.ndarray) -> str:
-        text: str = await trio.to_thread.run_sync(self.tokenizer.decode, ids, limiter=self.limiter)
+        (text,) = await decode_completions(self.tokenizer, [ids], self.limiter)
         return text
 
 

@@ -16,12 +16,19 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 
 # Nothing here may reach the Hugging Face hub; set before transformers is first imported.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from orchestrator.errors import UserError
-from orchestrator.tasks.chat import BridgeError, ChatTokenizer, TokenizerError
+from orchestrator.tasks.chat import (
+    INLINE_DECODE_TOKENS,
+    BridgeError,
+    ChatTokenizer,
+    TokenizerError,
+    decode_completions,
+)
 
 DEMO = Path(__file__).resolve().parents[2] / "demo"
 MODEL = DEMO / "model"
@@ -458,3 +465,25 @@ def test_template_kwargs_reach_every_render_and_the_bridge_keeps_the_prefill() -
         text
         == f"\n{IM_START}user\n{USERS[1]}{IM_END}\n{IM_START}assistant\n<think>\n\n</think>\n\n"
     )
+
+
+async def test_completions_decode_alike_on_the_loop_and_in_a_thread(
+    chat: ChatTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = _ids(chat, "The answer is 42, and 7 + 5 = 12.")
+    short = [np.array(ids), np.array(ids[:3])]
+    # Long enough for a worker thread: the same text as one decode call, in order.
+    long = [np.array(ids * (INLINE_DECODE_TOKENS // len(ids) + 1)), np.array(ids)]
+    threads: list[object] = []
+    real = trio.to_thread.run_sync
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        threads.append(args[0])
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    limiter = trio.CapacityLimiter(1)
+    assert await decode_completions(chat, short, limiter) == [chat.decode(i) for i in short]
+    assert threads == []
+    assert await decode_completions(chat, long, limiter) == [chat.decode(i) for i in long]
+    assert len(threads) == 1

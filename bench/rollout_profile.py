@@ -1,0 +1,268 @@
+"""Where a real rollout's cost goes on the daemon's side: microseconds of daemon CPU per
+rollout, stage by stage, for this checkout and an older revision side by side.
+
+Each workload is one of bench/real_tasks.py's (the same fleet and trainer on one core, the
+daemon in a process of this script on the other), run twice per revision in a fresh
+process: once plain, for the figures (rollouts, the process's CPU and the event loop
+thread's), and once under cProfile timed by the loop thread's own CPU clock
+(`time.thread_time`: a core taken away by another process is not counted), over the
+measured span only (first dispatch to the end). The profile gives each stage's share of
+the loop thread's time (STAGES: task roots and the functions nested in them, disjoint, so
+the rows add up), scaled to the plain run's loop CPU; "trio's scheduler, I/O and the rest"
+is what no stage holds, "the daemon's worker threads" the process's CPU less the loop
+thread's. The older revision runs from a git worktree with this checkout's virtual
+environment and benchmark scripts (bench/_old_tree.py); a stage whose functions it lacks
+reads 0 there and its time falls into the rest.
+
+    uv run --frozen --group bench python bench/rollout_profile.py [--kinds KIND ...]
+        [--steps N] [--top N] [--old REV] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import attrs
+import cattrs
+import real_tasks
+from _old_tree import old_tree, python_path, resolve
+from _report import git_revision, machine, write_section
+from startup_time import DEFAULT_OLD
+from system_fleet import pin_self, plan_cores, quiet_daemon_logs
+
+converter = cattrs.Converter()
+
+#: A function in the profile: (the end of its file's path, its name).
+Function = tuple[str, str]
+
+
+@attrs.frozen
+class Stage:
+    """A stage's time: the inclusive time of `functions` less that of `minus` (the stages
+    nested in them). Every stage's functions are task roots (called by trio's
+    `Context.run`) or nested in one, and no two stages overlap."""
+
+    name: str
+    functions: frozenset[Function]
+    minus: frozenset[Function] = frozenset()
+
+
+def _stage(name: str, *functions: str, minus: tuple[Stage, ...] = ()) -> Stage:
+    def parse(entry: str) -> Function:
+        path, _, function = entry.partition(":")
+        return (path, function)
+
+    nested = frozenset(f for stage in minus for f in stage.functions)
+    return Stage(name, frozenset(map(parse, functions)), nested)
+
+
+PROMPT = _stage("prompt: chat template and tokens", "dataset_env.py:prompt", "plugin_env.py:prompt")
+HTTP = _stage("request, send and receive (HTTP/1.1)", "inference/client.py:post_generate")
+PARSE = _stage("reply: parse, logprobs, segment checks", "wire/generate.py:parse_generate_response")
+FILES = _stage("payload files checked on disk", "daemon/dispatcher.py:_check_files")
+REWARD = _stage("reward: round trip to the worker", "tasks/reward_pool.py:score")
+SAMPLE = _stage("sample build (stitch, arrays)", "core/samples.py:build_sample")
+NESTED = (PROMPT, HTTP, PARSE, FILES, REWARD, SAMPLE)
+STAGES: tuple[Stage, ...] = (
+    *NESTED,
+    _stage(
+        "dispatch, turns and tallies (the rest)",
+        "daemon/dispatcher.py:serve",
+        "daemon/dispatcher.py:_run_group",
+        "daemon/dispatcher.py:_run_member",
+        "daemon/dispatcher.py:finish",
+        minus=NESTED,
+    ),
+    _stage("batches: sink and shipping", "daemon/admission.py:serve", "daemon/shipper.py:serve"),
+    _stage(
+        "weight updates and collection",
+        "daemon/policy.py:serve",
+        "daemon/policy.py:update",
+        "daemon/policy.py:_watch",
+        "payload_gc/_collect.py:remove",
+    ),
+)
+#: The benchmark's own tasks, left out of the daemon's time.
+BENCH = _stage("the benchmark's own", "real_tasks.py:lag_monitor", "real_tasks.py:measure")
+SCHEDULER = "trio's scheduler, I/O and the rest"
+THREADS = "the daemon's worker threads"
+
+KINDS = ("tasks-demo", "tasks-long", "toy-demo", "toy-long")
+
+
+@attrs.frozen
+class Breakdown:
+    """One run's cost per rollout: the unprofiled figures and the profile's stage shares
+    scaled to them."""
+
+    kind: str
+    rollouts: int
+    daemon_cpu_s: float
+    loop_cpu_s: float
+    #: stage name -> microseconds per rollout, every row of the table.
+    stages: dict[str, float]
+    top: list[tuple[str, float]]
+
+    @property
+    def per_cpu_s(self) -> float:
+        return self.rollouts / self.daemon_cpu_s
+
+
+def inclusive(stats: pstats.Stats, functions: frozenset[Function]) -> float:
+    raw = stats.stats  # type: ignore[attr-defined]
+    return float(
+        sum(
+            ct
+            for (filename, _line, function), (_cc, _nc, _tt, ct, _callers) in raw.items()
+            if any(filename.endswith(path) and function == name for path, name in functions)
+        )
+    )
+
+
+def breakdown(kind: str, plain: real_tasks.Result, stats: pstats.Stats, top: int) -> Breakdown:
+    """`stats`' shares of the loop thread's time, scaled to the unprofiled run `plain`."""
+    bench = inclusive(stats, BENCH.functions)
+    total = float(stats.total_tt) - bench  # type: ignore[attr-defined]
+    loop_us = (plain.loop_cpu_s / plain.rollouts) * 1e6
+    # The unprofiled loop time has the benchmark's lag monitor in it too: take its share out.
+    loop_us *= total / (total + bench)
+    stages = {}
+    for stage in STAGES:
+        seconds = inclusive(stats, stage.functions) - inclusive(stats, stage.minus)
+        stages[stage.name] = loop_us * seconds / total
+    stages[SCHEDULER] = loop_us - sum(stages.values())
+    stages[THREADS] = (plain.daemon_cpu_s - plain.loop_cpu_s) / plain.rollouts * 1e6
+    return Breakdown(
+        kind,
+        plain.rollouts,
+        plain.daemon_cpu_s,
+        plain.loop_cpu_s,
+        stages,
+        [(name, loop_us * tt / total) for name, tt in top_functions(stats, top)],
+    )
+
+
+def top_functions(stats: pstats.Stats, count: int) -> list[tuple[str, float]]:
+    """The `count` functions with the most time of their own (seconds)."""
+    raw = stats.stats  # type: ignore[attr-defined]
+    rows = sorted(raw.items(), key=lambda item: -item[1][2])[:count]
+    return [
+        (f"{_short(filename)}:{function}", tt)
+        for (filename, _line, function), (_cc, _nc, tt, _ct, _callers) in rows
+    ]
+
+
+def _short(filename: str) -> str:
+    for marker in ("/site-packages/", "/orchestrator/", "/gc/", "/lib/python3"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename
+
+
+def measure_kind(kind: str, steps: int, top: int) -> Breakdown:
+    """Two runs of `kind`: one plain, for the figures, and one profiled, for the shares."""
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        if kind == "tasks-long":
+            real_tasks.long_dataset(base / "long.jsonl", rows=200, words=2600)
+        for run in ("plain", "profiled"):
+            (base / run).mkdir()
+        plain = real_tasks.run_one(kind, steps, base, base / "plain")
+        # thread_time: the loop thread's own CPU, not the time a core was taken from it.
+        profiler = cProfile.Profile(time.thread_time)
+        real_tasks.run_one(kind, steps, base, base / "profiled", profiler=profiler)
+    return breakdown(kind, plain, pstats.Stats(profiler), top)
+
+
+def run_tree(tree: Path | None, kinds: list[str], steps: int, top: int) -> list[Breakdown]:
+    """`kinds` measured in a fresh process of this script, on `tree`'s code (None: this
+    checkout's)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if tree is not None:
+        env["PYTHONPATH"] = python_path(tree)
+    command = [sys.executable, __file__, "--worker", "--steps", str(steps), "--top", str(top)]
+    done = subprocess.run(
+        [*command, "--kinds", *kinds], env=env, check=True, capture_output=True, text=True
+    )
+    return [converter.structure(row, Breakdown) for row in json.loads(done.stdout)]
+
+
+def report(new: list[Breakdown], old: list[Breakdown], old_rev: str, steps: int) -> str:
+    lines = [
+        "## Where a real rollout's cost goes (`bench/rollout_profile.py`)",
+        "",
+        f"`uv run --frozen --group bench python bench/rollout_profile.py --steps {steps}` "
+        f"(revision {git_revision()} against {old_rev}), on {machine()}.",
+        "",
+        "The workloads of `bench/real_tasks.py` (the daemon on its own core, the fleet and "
+        "trainer on the other), each run twice per revision: once plain, for the figures, "
+        "and once under cProfile (timed by the loop thread's CPU clock), for each stage's "
+        "share of the event loop's thread, scaled to the plain run. The daemon's worker "
+        "threads (tokenization, payload reads, batch writes) are the process's CPU less the "
+        "loop thread's. Microseconds of daemon CPU per rollout.",
+        "",
+        "| workload | old rollouts / daemon CPU s | new | new / old |",
+        "|---|---:|---:|---:|",
+    ]
+    for before, after in zip(old, new, strict=True):
+        lines.append(
+            f"| {after.kind} | {before.per_cpu_s:.0f} | {after.per_cpu_s:.0f} | "
+            f"{after.per_cpu_s / before.per_cpu_s:.2f}x |"
+        )
+    for before, after in zip(old, new, strict=True):
+        lines += [
+            "",
+            f"**{after.kind}** ({before.rollouts} / {after.rollouts} rollouts), "
+            "µs of daemon CPU per rollout:",
+            "",
+            "| stage | old | new |",
+            "|---|---:|---:|",
+        ]
+        for name in after.stages:
+            lines.append(f"| {name} | {before.stages[name]:.0f} | {after.stages[name]:.0f} |")
+        lines.append(
+            f"| **total** | {sum(before.stages.values()):.0f} | {sum(after.stages.values()):.0f} |"
+        )
+        heaviest = ", ".join(f"`{name}` {us:.0f}" for name, us in after.top[:8])
+        lines += ["", f"Heaviest functions by own time, new (µs per rollout): {heaviest}."]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS[:3]))
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--old", default=DEFAULT_OLD, help="the revision to compare with")
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        quiet_daemon_logs()
+        os.chdir(real_tasks.ROOT)
+        pin_self(plan_cores().daemon)
+        rows = [measure_kind(kind, args.steps, args.top) for kind in args.kinds]
+        print(json.dumps(converter.unstructure(rows)))
+        return 0
+
+    old = run_tree(old_tree(args.old), args.kinds, args.steps, args.top)
+    new = run_tree(None, args.kinds, args.steps, args.top)
+    markdown = report(new, old, resolve(args.old)[:7], args.steps)
+    print(markdown)
+    if not args.no_write:
+        write_section("rollout_profile", markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
