@@ -25,7 +25,6 @@ after the run against the demo's.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
 import os
 import signal
@@ -34,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Protocol
 
 import attrs
 import trio
@@ -108,10 +108,19 @@ async def lag_monitor(lags: list[float]) -> None:
         lags.append(trio.current_time() - before - LAG_TICK_S)
 
 
-async def measure(name: str, config: Config, profiler: cProfile.Profile | None = None) -> Result:
+class Span(Protocol):
+    """What watches a run's measured span beside the figures: `enable()` at its start,
+    `disable()` at its end (a `cProfile.Profile`, say: bench/rollout_profile.py)."""
+
+    def enable(self) -> None: ...
+
+    def disable(self) -> None: ...
+
+
+async def measure(name: str, config: Config, profiler: Span | None = None) -> Result:
     """One run, measured from the moment it dispatches (start-up, the tokenizer's loading
-    and the reward workers' spawning excluded) to its end; `profiler` (bench/rollout_profile.py)
-    profiles the event loop's thread over the same span."""
+    and the reward workers' spawning excluded) to its end; `profiler` is enabled over the
+    same span."""
     lags: list[float] = []
     async with trio.open_nursery() as nursery:
         async with running_daemon(config) as daemon:
@@ -199,7 +208,7 @@ def run_one(
     base: Path,
     *,
     every_core: bool = False,
-    profiler: cProfile.Profile | None = None,
+    profiler: Span | None = None,
 ) -> Result:
     """One workload; `every_core`: this process is not pinned (see `every_core_row`),
     else the daemon runs on its own core. `profiler`: see `measure`."""

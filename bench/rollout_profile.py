@@ -21,19 +21,25 @@ reads 0 there and its time falls into the rest.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
+import functools
 import json
 import os
 import pstats
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 import cattrs
 import real_tasks
+import trio
 from _old_tree import old_tree, python_path, resolve
 from _report import git_revision, machine, write_section
 from startup_time import DEFAULT_OLD
@@ -111,6 +117,8 @@ class Breakdown:
     #: stage name -> microseconds per rollout, every row of the table.
     stages: dict[str, float]
     top: list[tuple[str, float]]
+    #: The worker threads' jobs by function, microseconds per rollout, heaviest first.
+    thread_jobs: list[tuple[str, float]]
 
     @property
     def per_cpu_s(self) -> float:
@@ -128,7 +136,13 @@ def inclusive(stats: pstats.Stats, functions: frozenset[Function]) -> float:
     )
 
 
-def breakdown(kind: str, plain: real_tasks.Result, stats: pstats.Stats, top: int) -> Breakdown:
+def breakdown(
+    kind: str,
+    plain: real_tasks.Result,
+    stats: pstats.Stats,
+    top: int,
+    jobs: Mapping[str, float],
+) -> Breakdown:
     """`stats`' shares of the loop thread's time, scaled to the unprofiled run `plain`."""
     bench = inclusive(stats, BENCH.functions)
     total = float(stats.total_tt) - bench  # type: ignore[attr-defined]
@@ -141,6 +155,7 @@ def breakdown(kind: str, plain: real_tasks.Result, stats: pstats.Stats, top: int
         stages[stage.name] = loop_us * seconds / total
     stages[SCHEDULER] = loop_us - sum(stages.values())
     stages[THREADS] = (plain.daemon_cpu_s - plain.loop_cpu_s) / plain.rollouts * 1e6
+    per_job = {name: seconds / plain.rollouts * 1e6 for name, seconds in jobs.items()}
     return Breakdown(
         kind,
         plain.rollouts,
@@ -148,6 +163,7 @@ def breakdown(kind: str, plain: real_tasks.Result, stats: pstats.Stats, top: int
         plain.loop_cpu_s,
         stages,
         [(name, loop_us * tt / total) for name, tt in top_functions(stats, top)],
+        sorted(per_job.items(), key=lambda item: -item[1]),
     )
 
 
@@ -168,19 +184,73 @@ def _short(filename: str) -> str:
     return filename
 
 
+def _job_name(fn: Callable[..., Any]) -> str:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    module = getattr(fn, "__module__", None) or "?"
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return f"{module.rpartition('.')[2]}.{name}".replace(".<locals>", "")
+
+
+@attrs.define
+class ThreadJobTimes:
+    """Every `trio.to_thread.run_sync` job's CPU time (its thread's clock) while enabled,
+    by the job function's name: the daemon's worker threads, job by job, at the cost of
+    two clock reads per job. A `real_tasks.Span`; `installed()` patches trio meanwhile."""
+
+    seconds: dict[str, float] = attrs.field(factory=dict)
+    _on: bool = False
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def enable(self) -> None:
+        self._on = True
+
+    def disable(self) -> None:
+        self._on = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        real = trio.to_thread.run_sync
+
+        async def run_sync(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            if not self._on:
+                return await real(fn, *args, **kwargs)
+            name = _job_name(fn)
+
+            def timed(*inner: Any) -> Any:
+                start = time.thread_time()
+                try:
+                    return fn(*inner)
+                finally:
+                    spent = time.thread_time() - start
+                    with self._lock:
+                        self.seconds[name] = self.seconds.get(name, 0.0) + spent
+
+            return await real(timed, *args, **kwargs)
+
+        trio.to_thread.run_sync = run_sync  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            trio.to_thread.run_sync = real
+
+
 def measure_kind(kind: str, steps: int, top: int) -> Breakdown:
-    """Two runs of `kind`: one plain, for the figures, and one profiled, for the shares."""
+    """Two runs of `kind`: one plain, for the figures and the thread jobs, and one profiled,
+    for the loop thread's shares."""
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         if kind == "tasks-long":
             real_tasks.long_dataset(base / "long.jsonl", rows=200, words=2600)
         for run in ("plain", "profiled"):
             (base / run).mkdir()
-        plain = real_tasks.run_one(kind, steps, base, base / "plain")
+        jobs = ThreadJobTimes()
+        with jobs.installed():
+            plain = real_tasks.run_one(kind, steps, base, base / "plain", profiler=jobs)
         # thread_time: the loop thread's own CPU, not the time a core was taken from it.
         profiler = cProfile.Profile(time.thread_time)
         real_tasks.run_one(kind, steps, base, base / "profiled", profiler=profiler)
-    return breakdown(kind, plain, pstats.Stats(profiler), top)
+    return breakdown(kind, plain, pstats.Stats(profiler), top, jobs.seconds)
 
 
 def run_tree(tree: Path | None, kinds: list[str], steps: int, top: int) -> list[Breakdown]:
@@ -233,7 +303,14 @@ def report(new: list[Breakdown], old: list[Breakdown], old_rev: str, steps: int)
             f"| **total** | {sum(before.stages.values()):.0f} | {sum(after.stages.values()):.0f} |"
         )
         heaviest = ", ".join(f"`{name}` {us:.0f}" for name, us in after.top[:8])
-        lines += ["", f"Heaviest functions by own time, new (µs per rollout): {heaviest}."]
+        jobs = ", ".join(f"`{name}` {us:.0f}" for name, us in after.thread_jobs[:6])
+        lines += [
+            "",
+            f"Heaviest functions by own time on the loop, new (µs per rollout): {heaviest}.",
+            "",
+            f"The worker threads' jobs, new (µs of CPU per rollout): {jobs}; the rest of "
+            "the row is the threads' hand-offs and threads trio does not start.",
+        ]
     return "\n".join(lines)
 
 
