@@ -234,3 +234,11 @@ def score_rollout_captured(
     # a BaseException) must not end the worker.
     except BaseException as exc:
         return ScoreOutcome(None, "raised", _one_line(exc), traceback.format_exc())
+
+
+def score_rollouts_captured(
+    calls: Sequence[tuple[Sequence[RewardSpec], Mapping[str, Any]]],
+) -> list[ScoreOutcome]:
+    """`score_rollout_captured` for each (specs, arguments) of `calls`, in order: the job a
+    worker process runs for a batch of rollouts, one outcome each."""
+    return [score_rollout_captured(specs, arguments) for specs, arguments in calls]

@@ -1,6 +1,14 @@
 """Scoring rollouts in worker processes, so a reward function that hangs, crashes or
 returns nonsense costs one rollout's score, never the daemon.
 
+Calls made together go to the workers together: the calls that arrive in one round of
+trio's scheduler (a group's members, scored as the group finishes) are split into as
+many batches as there are free workers, at least one, and each batch is one job for one
+worker. A round trip to a worker costs the event loop some 160 µs a call one by one
+against about 30 µs a call in a batch of four (docs/benchmarks.md). A batch that times out
+or kills its worker is scored again one call per job, so that only the call at fault
+fails, and that environment's calls go one by one from then on.
+
 The workers are trio-parallel's spawned processes. They import
 `orchestrator.tasks.reward_functions`, `orchestrator.rewards` and the user's reward
 modules, found on the `sys.path` they inherit: a spawned worker starts with the parent's
@@ -29,7 +37,7 @@ from orchestrator.tasks.reward_functions import (
     RewardSpec,
     ScoreOutcome,
     import_reward_functions,
-    score_rollout_captured,
+    score_rollouts_captured,
 )
 
 log = structlog.get_logger(__name__)
@@ -96,22 +104,39 @@ class RewardFailures:
     warning level with its traceback ("reward failed"); later ones are only counted."""
 
     counts: collections.Counter[tuple[str, FailureKind]] = attrs.field(factory=collections.Counter)
+    _logged: set[tuple[str, FailureKind]] = attrs.field(factory=set)
 
     def failed(self, env: str, kind: FailureKind, detail: str, traceback: str = "") -> RewardFailed:
         """Count one failure and return the exception that reports it."""
-        key = (env, kind)
-        self.counts[key] += 1
-        if self.counts[key] == 1:
-            fields: dict[str, str] = {"traceback": traceback} if traceback else {}
-            log.warning(
-                "reward failed",
-                env=env,
-                kind=kind,
-                detail=detail,
-                note="logged once per environment and kind; later ones are only counted",
-                **fields,
-            )
+        self.counts[env, kind] += 1
+        fields: dict[str, str] = {"traceback": traceback} if traceback else {}
+        self._log_first(env, kind, detail, **fields)
         return RewardFailed(kind, detail)
+
+    def batch_failed(self, env: str, kind: FailureKind, detail: str, calls: int) -> None:
+        """A job of `calls` calls failed as a whole: reported like a call's failure, but
+        not counted, since each of its calls is scored again alone."""
+        self._log_first(
+            env,
+            kind,
+            detail,
+            batch=str(calls),
+            retry="each call of the job is scored again alone, and this environment's "
+            "calls go one by one from now on",
+        )
+
+    def _log_first(self, env: str, kind: FailureKind, detail: str, **fields: str) -> None:
+        if (env, kind) in self._logged:
+            return
+        self._logged.add((env, kind))
+        log.warning(
+            "reward failed",
+            env=env,
+            kind=kind,
+            detail=detail,
+            note="logged once per environment and kind; later ones are only counted",
+            **fields,
+        )
 
     def of_outcome(self, env: str, outcome: ScoreOutcome) -> float:
         """The score of a call's outcome; raises `RewardFailed` when it holds a failure."""
@@ -119,6 +144,54 @@ class RewardFailures:
             kind = outcome.failure or "raised"
             raise self.failed(env, kind, outcome.detail, outcome.traceback)
         return outcome.score
+
+
+#: Why a call got no outcome from its worker: the failure's kind and detail.
+CallFailure = tuple[FailureKind, str]
+
+
+@attrs.define(eq=False)
+class _Call:
+    """One rollout's reward call, waiting for the batch it went out in."""
+
+    env: str
+    specs: tuple[RewardSpec, ...]
+    arguments: dict[str, Any]
+    done: trio.Event = attrs.field(factory=trio.Event)
+    outcome: ScoreOutcome | CallFailure | None = None
+    #: Its caller stopped waiting (cancelled): nobody needs its outcome.
+    abandoned: bool = False
+    #: The batch it went out in, once it has.
+    batch: _Batch | None = None
+
+    def settle(self, outcome: ScoreOutcome | CallFailure) -> None:
+        self.outcome = outcome
+        self.done.set()
+
+
+@attrs.define(eq=False)
+class _Batch:
+    """Calls scored by one job of one worker, cancelled when all their callers are gone."""
+
+    calls: list[_Call]
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+    def abandon(self) -> None:
+        if all(call.abandoned for call in self.calls):
+            self.scope.cancel()
+
+
+def split(calls: Sequence[_Call], parts: int) -> list[list[_Call]]:
+    """`calls` in `parts` (at least one, at most one per call) runs of nearly equal size,
+    in order."""
+    parts = max(1, min(parts, len(calls)))
+    size, extra = divmod(len(calls), parts)
+    runs, start = [], 0
+    for part in range(parts):
+        end = start + size + (part < extra)
+        runs.append(list(calls[start:end]))
+        start = end
+    return runs
 
 
 @attrs.define(eq=False)
@@ -130,13 +203,20 @@ class RewardPool:
 
     timeout_s: float
     _context: Any  # trio_parallel.WorkerContext (untyped)
+    # Where the batches run: the pool's own, so that a batch outlives the caller that
+    # happened to send it (the others of the batch still wait for it).
+    _nursery: trio.Nursery
     _limiter: trio.CapacityLimiter
-    # Handed to trio-parallel, which wants a limiter of its own: `score` already holds a
+    # Handed to trio-parallel, which wants a limiter of its own: a batch already holds a
     # token of `_limiter` when it calls in, and a task cannot take a token twice.
     _worker_limiter: trio.CapacityLimiter
     _failures: RewardFailures = attrs.field(factory=RewardFailures)
     # Set once the first workers have started (or failed to); None until they begin.
     _started: trio.Event | None = None
+    # The calls of this scheduler round, gathered for the batches that send them.
+    _gathering: list[_Call] | None = None
+    # Environments whose batch timed out or killed its worker: scored one call per job.
+    _one_by_one: set[str] = attrs.field(factory=set)
 
     @property
     def failures(self) -> Mapping[tuple[str, FailureKind], int]:
@@ -165,29 +245,102 @@ class RewardPool:
     ) -> float:
         """The weighted sum of `specs` for one rollout of `env`, computed in a worker.
 
-        `arguments` holds the reward arguments by name (`REWARD_ARGUMENTS`). At most
-        `workers` calls run at once; the others wait for a free worker. Raises
-        `RewardFailed` for every failure of the reward functions or their worker.
+        `arguments` holds the reward arguments by name (`REWARD_ARGUMENTS`). The calls made
+        in the same round of the scheduler go out together (the module's docstring); at
+        most `workers` jobs run at once, the others wait for a free worker, and each job
+        runs under the pool's deadline. Raises `RewardFailed` for every failure of the
+        reward functions or their worker.
         """
-        await self.start_workers()
+        call = _Call(env, tuple(specs), dict(arguments))
+        if self._gathering is None:
+            self._gathering = []
+            self._nursery.start_soon(self._send_gathered)
+        self._gathering.append(call)
+        try:
+            await call.done.wait()
+        except BaseException:
+            call.abandoned = True
+            if call.batch is not None:
+                call.batch.abandon()
+            raise
+        outcome = call.outcome
+        if isinstance(outcome, ScoreOutcome):
+            return self._failures.of_outcome(env, outcome)
+        assert outcome is not None  # settled before done is set
+        raise self._failures.failed(env, *outcome)
+
+    async def _send_gathered(self) -> None:
+        # Started by the round's first call, so it runs once that round is over.
+        gathered = self._gathering or []
+        try:
+            await self.start_workers()
+            self._gathering = None
+            calls = [call for call in gathered if not call.abandoned]
+            alone = [call for call in calls if call.env in self._one_by_one]
+            together = [call for call in calls if call.env not in self._one_by_one]
+            batches = split(together, int(self._limiter.available_tokens)) if together else []
+            async with trio.open_nursery() as nursery:
+                for batch in [*batches, *([call] for call in alone)]:
+                    nursery.start_soon(self._send, batch)
+        finally:
+            _release(gathered)
+
+    async def _send(self, calls: list[_Call]) -> None:
+        """Score `calls` in one job; if it times out or its worker dies, score each alone."""
+        batch = _Batch(calls)
+        for call in calls:
+            call.batch = batch
+        batch.abandon()
+        failure: CallFailure | None = None
+        try:
+            with batch.scope:
+                try:
+                    outcomes = await self._run_job(calls)
+                except _JobFailed as exc:
+                    failure = exc.failure
+            if batch.scope.cancelled_caught:
+                return  # every caller has gone
+            if failure is None:
+                for call, outcome in zip(calls, outcomes, strict=True):
+                    call.settle(outcome)
+            elif len(calls) == 1:
+                calls[0].settle(failure)
+            else:
+                self._score_alone_from_now_on(calls, failure)
+                async with trio.open_nursery() as nursery:
+                    for call in calls:
+                        if not call.abandoned:
+                            nursery.start_soon(self._send, [call])
+        finally:
+            _release(calls)
+
+    async def _run_job(self, calls: Sequence[_Call]) -> list[ScoreOutcome]:
+        """The outcomes of `calls` from one worker, within the pool's deadline. Raises
+        `_JobFailed` when the job timed out (its worker killed) or its worker died."""
         async with self._limiter:
             try:
                 await self._ensure_idle_worker()
                 with trio.fail_after(self.timeout_s):
-                    outcome: ScoreOutcome = await self._context.run_sync(
-                        score_rollout_captured,
-                        tuple(specs),
-                        dict(arguments),
+                    outcomes: list[ScoreOutcome] = await self._context.run_sync(
+                        score_rollouts_captured,
+                        [(call.specs, call.arguments) for call in calls],
                         kill_on_cancel=True,
                         limiter=self._worker_limiter,
                     )
             except trio.TooSlowError:
-                raise self._failures.failed(
-                    env, "timeout", f"no score within {self.timeout_s:g} s; worker killed"
-                ) from None
+                detail = f"no score within {self.timeout_s:g} s; worker killed"
+                raise _JobFailed(("timeout", detail)) from None
             except trio_parallel.BrokenWorkerError as exc:
-                raise self._failures.failed(env, "worker_died", _death_detail(exc)) from None
-        return self._failures.of_outcome(env, outcome)
+                raise _JobFailed(("worker_died", _death_detail(exc))) from None
+            except Exception as exc:  # arguments that do not pickle: never the daemon's end
+                detail = f"the job did not reach its worker: {exc!r:.200}"
+                raise _JobFailed(("raised", detail)) from None
+        return outcomes
+
+    def _score_alone_from_now_on(self, calls: Sequence[_Call], failure: CallFailure) -> None:
+        for env in sorted({call.env for call in calls} - self._one_by_one):
+            self._one_by_one.add(env)
+            self._failures.batch_failed(env, *failure, calls=len(calls))
 
     async def _ensure_idle_worker(self) -> None:
         # trio-parallel replaces a killed or dead worker lazily, inside the next call. Start
@@ -218,6 +371,21 @@ class RewardPool:
             log.warning("reward worker did not start", detail=_death_detail(exc))
 
 
+def _release(calls: Iterable[_Call]) -> None:
+    """Settle what is still unsettled of `calls`: the pool closed under them."""
+    for call in calls:
+        if not call.done.is_set():
+            call.settle(("worker_died", "the reward pool closed before the call was scored"))
+
+
+class _JobFailed(Exception):
+    """A worker's job gave no outcomes: `failure` says why."""
+
+    def __init__(self, failure: CallFailure) -> None:
+        super().__init__(*failure)
+        self.failure = failure
+
+
 @asynccontextmanager
 async def open_reward_pool(
     workers: int, timeout_s: float, *, preload: Iterable[RewardSpec] = ()
@@ -228,9 +396,9 @@ async def open_reward_pool(
     with what the caller starts meanwhile: a spawn and its imports take seconds. Each
     worker (and each replacement of a killed one) imports the reward functions of
     `preload` when it starts, so that neither counts against a call's deadline. On exit,
-    calls still running are waited for (cancel them first: a cancelled call kills its
-    worker). Raises ValueError for fewer than one worker or a deadline that is not
-    positive.
+    the jobs still running are killed (cancel their calls first: a call cancelled kills
+    its job's worker once no call of the job waits for it). Raises ValueError for fewer
+    than one worker or a deadline that is not positive.
     """
     if workers < 1:
         raise ValueError(f"a reward pool needs at least one worker, not {workers}")
@@ -243,12 +411,23 @@ async def open_reward_pool(
         init=functools.partial(_start_worker, paths),
         grace_period=_WORKER_GRACE_PERIOD_S,
     ) as context:
-        yield RewardPool(
-            timeout_s,
-            context,
-            trio.CapacityLimiter(workers),
-            trio.CapacityLimiter(workers),
-        )
+        try:
+            async with trio.open_nursery() as nursery:
+                yield RewardPool(
+                    timeout_s,
+                    context,
+                    nursery,
+                    trio.CapacityLimiter(workers),
+                    trio.CapacityLimiter(workers),
+                )
+                # What still runs has no caller left (they were cancelled first): it goes.
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The caller's own error, raised as it raised it: the pool's nursery is its
+            # business, not a layer of exception group around the caller's code.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
 
 
 def _start_worker(paths: Sequence[str]) -> None:

@@ -89,3 +89,13 @@ def prepared(**kwargs: Any) -> float:
 
 
 prepared.prepare = lambda: _PREPARED_IN.append(os.getpid())  # type: ignore[attr-defined]
+
+
+def batch_size() -> float:
+    """How many calls the worker's job held: the batch this call went out in."""
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_name == "score_rollouts_captured":
+            return float(len(frame.f_locals["calls"]))
+        frame = frame.f_back
+    raise RuntimeError("not called from a worker's job")

@@ -22,7 +22,12 @@ import trio
 from structlog.testing import capture_logs
 
 from orchestrator.tasks.reward_functions import RewardSpec, load_reward
-from orchestrator.tasks.reward_pool import REWARD_WORKER_NICENESS, RewardFailed, open_reward_pool
+from orchestrator.tasks.reward_pool import (
+    REWARD_WORKER_NICENESS,
+    RewardFailed,
+    RewardPool,
+    open_reward_pool,
+)
 
 FIXTURES = Path(__file__).resolve().parent
 
@@ -72,6 +77,68 @@ async def test_scores_weighted_sums_in_workers_that_import_no_daemon() -> None:
         # Workers run nicer than the daemon: where both want a core, the loop goes first.
         own = await pool.score("capitals", [fixture("niceness")], ARGUMENTS)
         assert own == min(19, os.nice(0) + REWARD_WORKER_NICENESS)
+
+
+@pytest.mark.usefixtures("fixtures_on_path")
+async def test_calls_made_together_go_to_the_free_workers_in_batches() -> None:
+    sizes = [fixture("batch_size")]
+
+    async def together(pool: RewardPool, count: int) -> list[float]:
+        scores: list[float] = []
+
+        async def one() -> None:
+            scores.append(await pool.score("capitals", sizes, ARGUMENTS))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(count):
+                nursery.start_soon(one)
+        return sorted(scores)
+
+    async with open_reward_pool(2, 10.0, preload=sizes) as pool:
+        await pool.start_workers()
+        # A group of four finishing at once: two workers free, two jobs of two.
+        assert await together(pool, 4) == [2.0] * 4
+        assert await together(pool, 3) == [1.0, 2.0, 2.0]
+        assert await pool.score("capitals", sizes, ARGUMENTS) == 1.0
+    async with open_reward_pool(1, 10.0, preload=sizes) as pool:
+        assert await together(pool, 4) == [4.0] * 4
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fixtures_on_path")
+@pytest.mark.parametrize(
+    ("name", "kind"), [("exits", "worker_died"), ("hangs", "timeout"), ("raises", "raised")]
+)
+async def test_a_call_that_fails_its_batch_fails_alone(name: str, kind: str) -> None:
+    failing, good, sizes = [fixture(name)], [fixture("length")], [fixture("batch_size")]
+    async with open_reward_pool(1, 1.0, preload=[*failing, *good, *sizes]) as pool:
+        results: dict[int, float | str] = {}
+
+        async def one(index: int, specs: list[RewardSpec]) -> None:
+            try:
+                results[index] = await pool.score("capitals", specs, ARGUMENTS)
+            except RewardFailed as exc:
+                results[index] = exc.kind
+
+        with capture_logs() as logs:
+            async with trio.open_nursery() as nursery:
+                for index in range(4):
+                    nursery.start_soon(one, index, failing if index == 2 else good)
+        assert results == {0: 5.0, 1: 5.0, 2: kind, 3: 5.0}
+        assert pool.failures == {("capitals", kind): 1}
+        # Reported once, by the batch's failure where there was one (not counted: its
+        # calls were scored again), else by the call's own.
+        reported = [entry for entry in logs if entry["event"] == "reward failed"]
+        assert [entry["kind"] for entry in reported] == [kind]
+        alone = [entry for entry in reported if "batch" in entry]
+        # A raise is the call's own outcome: the batch stands. A death or a hang takes the
+        # batch's job: its calls are scored again alone, and the env's calls stay alone.
+        async with trio.open_nursery() as nursery:
+            for index in range(2):
+                nursery.start_soon(one, 10 + index, sizes)
+        expected = 2.0 if kind == "raised" else 1.0
+        assert (results[10], results[11]) == (expected, expected)
+        assert len(alone) == (0 if kind == "raised" else 1), logs
 
 
 @pytest.mark.slow
@@ -203,3 +270,10 @@ async def test_per_call_overhead() -> None:
     )
     assert sequential > 50
     assert concurrent > 50
+
+
+async def test_an_error_of_the_callers_leaves_the_pool_as_it_was_raised() -> None:
+    # The pool's own nursery must not wrap it: the daemon's one-line errors go through.
+    with pytest.raises(KeyError):
+        async with open_reward_pool(1, 1.0):
+            raise KeyError("the caller's")
