@@ -1,6 +1,7 @@
-"""Admission: every finished group goes into the sink, whose discards' files are deleted at
-once; what the adaptive in-flight limit learns from each group and decides after each
-shipped batch (orchestrator/core/inflight.py) is written into `RunState.limits`."""
+"""Admission: every finished group goes into the sink, from its own task (`admit`), and
+the files of what the sink discards are deleted at once; what the adaptive in-flight limit
+learns from each group and decides after each shipped batch (orchestrator/core/inflight.py)
+is written into `RunState.limits`."""
 
 from __future__ import annotations
 
@@ -31,21 +32,15 @@ class Admission:
         self.inflight.started(trio.current_time())
         self.state.limits.rollouts = self.inflight.limit
 
-    async def serve(
-        self,
-        results: trio.MemoryReceiveChannel[GroupResult],
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Admit every finished group until `results` closes; delete what the sink
-        discards right away."""
-        task_status.started()
-        async with results:
-            async for group in results:
-                self._observe_turnaround(group)
-                files = self.sink.admit(group, self.state.shipping.next_step)
-                await self.deleter.delete(files, reason="discard")
-                self.state.notify()
+    async def admit(self, group: GroupResult) -> None:
+        """Take a finished group into the sink; delete the files of what it discards.
+
+        Called by the group's own task, so that the group is in flight or in the sink at
+        every moment the dispatch gate looks (never between the two)."""
+        self._observe_turnaround(group)
+        files = self.sink.admit(group, self.state.shipping.next_step)
+        self.state.notify()
+        await self.deleter.delete(files, reason="discard")
 
     def batch_shipped(self) -> None:
         """A batch shipped: the adaptive limit may decide anew (logged when it changes)."""

@@ -10,7 +10,7 @@ collector and to the sink's stale accounting).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import attrs
 import structlog
@@ -49,7 +49,9 @@ class Dispatcher:
     state: RunState
     environment: Environment
     client: HTTP11Client
-    results: trio.MemorySendChannel[GroupResult]
+    # Hands a finished group to the sink (`Admission.admit`); the group counts as in flight
+    # until it returns, so the gate never sees it in neither place.
+    admit: Callable[[GroupResult], Awaitable[None]]
     sink: TrainSink  # read for its count of queued samples
     file_limiter: trio.CapacityLimiter
     pool: ServerPool
@@ -65,9 +67,9 @@ class Dispatcher:
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start groups until cancelled, drawing the environment's prompts from
-        `state.dispatch.prompts_drawn` on. Closes the results channel when it ends."""
+        `state.dispatch.prompts_drawn` on."""
         dispatch = self.state.dispatch
-        async with self.results, trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
             task_status.started()
             while True:
                 # Drawn before the gate opens, so that tokenizing it never delays a group.
@@ -89,8 +91,7 @@ class Dispatcher:
                     group_id,
                     prompt,
                     server,
-                    self.results.clone(),
-                    Dispatched(trio.current_time(), self.state.shipping.next_step),
+                    Dispatched(trio.current_time(), self.state.shipping.filling_step),
                 )
                 await trio.lowlevel.checkpoint()
 
@@ -117,7 +118,7 @@ class Dispatcher:
         limit = state.limits.rollouts
         pipe = Pipe(
             applied_version=state.versions.applied,
-            next_step=state.shipping.next_step,
+            next_step=state.shipping.filling_step,
             # Eval rollouts take their share of the limit (docs/design.md § Evals).
             inflight_rollouts=state.dispatch.inflight_rollouts + state.evaluation.inflight,
             queued_samples=self.sink.queued_samples,
@@ -132,16 +133,18 @@ class Dispatcher:
         group_id: str,
         prompt: Prompt,
         server: str,
-        results: trio.MemorySendChannel[GroupResult],
         dispatched: Dispatched,
     ) -> None:
         state = self.state
         try:
-            await self._run_and_hand_on(group_id, prompt, server, results, dispatched)
+            await self._run_and_hand_on(group_id, prompt, server, dispatched)
         finally:
             # Counted until the sink has the group, not only while its requests run: a
-            # group waiting for its file check or for admission (behind a busy loop) is
-            # still work the in-flight limit must see, or more is dispatched meanwhile.
+            # group waiting for its file check or its scores (behind a busy loop) is still
+            # work the in-flight limit must see, or more is dispatched meanwhile. Handed
+            # through a buffered channel, a group counted nowhere until the sink took it:
+            # the gate started a group the batch did not need (a fifth of a run's rollouts
+            # went stale with max_off_policy_steps = 0, docs/design.md §4).
             state.dispatch.inflight_rollouts -= self.config.batch.group_size
             state.notify()
 
@@ -150,7 +153,6 @@ class Dispatcher:
         group_id: str,
         prompt: Prompt,
         server: str,
-        results: trio.MemorySendChannel[GroupResult],
         dispatched: Dispatched,
     ) -> None:
         state, size = self.state, self.config.batch.group_size
@@ -173,7 +175,6 @@ class Dispatcher:
             # The run is over: nothing this group made can ship. Its files lie in versions
             # that the final collection (or the next run's start-up sync) deals with.
             dispatch.rollouts["stopped"] += size
-            results.close()
             return
         if scope.cancelled_caught:
             log.info("group cancelled", group=group_id, start_version=start_version)
@@ -183,19 +184,18 @@ class Dispatcher:
             # report them missing.
             await self._check_files([run for run in runs if run is not None])
         rollouts = await self._finish_all(group_id, start_version, runs, prompt)
-        async with results:
-            await results.send(
-                GroupResult(
-                    group_id,
-                    start_version,
-                    rollouts,
-                    server=server,
-                    env=prompt.env,
-                    temperature=prompt.sampling.temperature,
-                    dispatched_at=dispatched.at,
-                    dispatched_step=dispatched.step,
-                )
+        await self.admit(
+            GroupResult(
+                group_id,
+                start_version,
+                rollouts,
+                server=server,
+                env=prompt.env,
+                temperature=prompt.sampling.temperature,
+                dispatched_at=dispatched.at,
+                dispatched_step=dispatched.step,
             )
+        )
 
     async def _finish_all(
         self,

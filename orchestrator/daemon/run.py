@@ -3,8 +3,8 @@
     start-up sync (docs/design.md §7)
     health prober ─── servers down and back
     policy watcher ── apply, collect, sweep
-    dispatcher ──(GroupResult channel)──> admission: into the sink, delete discarded files
-                                          shipper: assemble, publish, save progress
+    dispatcher ──(each group's task)──> admission: into the sink, delete discarded files
+                                        shipper: assemble, publish, save progress
     evaluator ─────── evals beside training, within their share of the in-flight limit
     stall watch, progress line, metrics endpoint
 
@@ -29,7 +29,6 @@ import trio
 from orchestrator.config import Config
 from orchestrator.core.environments import Environment
 from orchestrator.core.evals import EvalTask
-from orchestrator.core.rollouts import GroupResult
 from orchestrator.core.sink import TrainSink
 from orchestrator.daemon.admission import Admission
 from orchestrator.daemon.dispatcher import Dispatcher
@@ -253,13 +252,12 @@ async def _serve(
             if start.resumed:
                 await _resume(config, state, policy, start.resume_step)
             await services.progress.save()
-            send, receive = trio.open_memory_channel[GroupResult](16)
             dispatcher = Dispatcher(
                 config,
                 state,
                 environment,
                 clients.generate,
-                send,
+                services.admission.admit,
                 sink,
                 services.file_limiter,
                 pool,
@@ -274,7 +272,6 @@ async def _serve(
                     sockets=metrics_sockets,
                 )
             await nursery.start(policy.serve)
-            await nursery.start(services.admission.serve, receive)
             await nursery.start(services.shipper.serve)
             services.admission.start()
             evaluator = None

@@ -88,7 +88,16 @@ class Shipping:
     """Written by the shipper."""
 
     max_steps: int  # 0: run until stopped
-    next_step: int = 1  # the batch being filled
+    next_step: int = 1  # the batch being filled, until it is taken to be written
+    # Batch `next_step` is taken from the sink and being written: what finishes now goes
+    # into the one after.
+    writing: bool = False
+
+    @property
+    def filling_step(self) -> int:
+        """The batch a group that finishes now goes into: `next_step`, or the one after
+        while `next_step` is written (the dispatch gate's view)."""
+        return self.next_step + self.writing
 
     @property
     def done(self) -> bool:

@@ -57,8 +57,10 @@ class Shipper:
         ):
             step = shipping.next_step
             samples, pruned = sink.assemble(step)
-            await self.deleter.delete(pruned, reason="discard")
+            # Out of the sink and not shipped yet: the gate must not see room in this batch.
+            shipping.writing = True
             try:
+                await self.deleter.delete(pruned, reason="discard")
                 shipment = await ship_step(
                     self.handoff, self.config.handoff_settings, step, samples
                 )
@@ -74,6 +76,8 @@ class Shipper:
                 )
                 state.notify()
                 continue
+            finally:
+                shipping.writing = False
             if shipment.dropped:
                 sink.unship([samples[dropped.index] for dropped in shipment.dropped])
             shipping.next_step = step + 1

@@ -108,6 +108,26 @@ async def test_demo_config_runs_steps_and_keeps_every_invariant(tmp_path: Path) 
     assert state.payload.files_deleted["collection"] > 0
 
 
+async def test_an_on_policy_run_ships_each_batch_from_the_version_before_it(
+    tmp_path: Path,
+) -> None:
+    # max_async_steps = 0 with a step of slack: every group could go a step off-policy,
+    # yet none needs to. The gate sees each group in flight, in the sink or in the batch
+    # being written, never in none of them, so it starts no group the batch cannot take.
+    config = demo_config(
+        tmp_path / "run",
+        "max_steps=6",
+        "staleness.max_async_steps=0",
+        "staleness.max_off_policy_steps=1",
+    )
+    with trio.fail_after(120):
+        outcome = await launch_run(config)
+    for step in range(1, 7):
+        batch = read_batch_file(config.batches_dir / f"step_{step:06d}" / BATCH_FILE)
+        assert {s.start_version for s in batch.samples} == {step - 1}, step
+    assert outcome.sink.counters["stale"] == 0
+
+
 @pytest.mark.slow
 async def test_stopped_mid_run_resumes_without_reshipping_or_skipping(tmp_path: Path) -> None:
     config = demo_config(tmp_path / "run", "max_steps=6")
