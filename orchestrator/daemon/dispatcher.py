@@ -50,7 +50,7 @@ class Dispatcher:
     environment: Environment
     client: HTTP11Client
     # Hands a finished group to the sink (`Admission.admit`); the group counts as in flight
-    # until it returns, so the gate never sees it in neither place.
+    # until it returns, so the gate always sees it in one place or the other.
     admit: Callable[[GroupResult], Awaitable[None]]
     sink: TrainSink  # read for its count of queued samples
     file_limiter: trio.CapacityLimiter
@@ -141,10 +141,8 @@ class Dispatcher:
         finally:
             # Counted until the sink has the group, not only while its requests run: a
             # group waiting for its file check or its scores (behind a busy loop) is still
-            # work the in-flight limit must see, or more is dispatched meanwhile. Handed
-            # through a buffered channel, a group counted nowhere until the sink took it:
-            # the gate started a group the batch did not need (a fifth of a run's rollouts
-            # went stale with max_off_policy_steps = 0, docs/design.md §4).
+            # work the in-flight limit must see, or more is dispatched meanwhile; `admit`
+            # has put it in the sink by now (docs/design.md §3, every group counted).
             state.dispatch.inflight_rollouts -= self.config.batch.group_size
             state.notify()
 

@@ -5,7 +5,7 @@ Calls made together go to the workers together: the calls that arrive in one rou
 trio's scheduler (a group's members, scored as the group finishes) are split into as
 many batches as there are free workers, at least one, and each batch is one job for one
 worker. A round trip to a worker costs the event loop some 160 µs a call one by one
-against about 30 µs a call in a batch of four (docs/benchmarks.md). A batch that times out
+against about 30 µs a call in a batch of four (docs/design.md §12). A batch that times out
 or kills its worker is scored again one call per job, so that only the call at fault
 fails, and that environment's calls go one by one from then on.
 
