@@ -338,7 +338,9 @@ class RewardPool:
         return outcomes
 
     def _score_alone_from_now_on(self, calls: Sequence[_Call], failure: CallFailure) -> None:
-        for env in sorted({call.env for call in calls} - self._one_by_one):
+        # Reported even for an environment already one by one (a batch formed before its
+        # first failure): a worker that died there is that environment's first death.
+        for env in sorted({call.env for call in calls}):
             self._one_by_one.add(env)
             self._failures.batch_failed(env, *failure, calls=len(calls))
 

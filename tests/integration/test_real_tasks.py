@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog.testing
@@ -86,15 +87,44 @@ async def test_a_demo_run_trains_on_the_rendered_dataset_rows(tmp_path: Path) ->
     assert outcome.state.dispatch.rollouts["reward_failed"] == 0
 
 
-# A hang and a worker's death only the first time each (a marker file next to the module):
-# each costs a worker's restart, and more would only repeat what the first ones show.
-FLAKY_REWARDS = """
-import os, time
+# Each way to fail is a role that the first prompt (answer) to come along takes, marked by a
+# file next to the module: that prompt's rewards raise, return nan, hang once or kill their
+# worker once. A hang and a death cost a worker's restart each, and more would only repeat
+# what the first ones show. Calls go to a worker in batches, and a batch that hangs or
+# kills its worker is scored again call by call, which the run's end may cut short: so a
+# hang or a death is taken only once the daemon has reported the first two kinds (the test
+# marks that with a file, `REPORTED`), and every kind is reported whatever the batches.
+REPORTED = "reported"
+FLAKY_REWARDS = f"""
+import os, tempfile, time
 from pathlib import Path
+
+HERE = Path(__file__).parent
+
+def role_of(answer):
+    for role in ("raised", "bad_value", "hang", "exit"):
+        if role in ("hang", "exit") and not (HERE / "{REPORTED}").exists():
+            return None
+        if take(role, answer) == answer:
+            return role
+    return None
+
+def take(role, answer):
+    # Whoever links first takes the role; the file holds its answer from the start.
+    fd, scratch = tempfile.mkstemp(dir=HERE)
+    os.write(fd, answer.encode())
+    os.close(fd)
+    try:
+        os.link(scratch, HERE / role)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(scratch)
+    return (HERE / role).read_text()
 
 def first_time(kind):
     try:
-        os.close(os.open(Path(__file__).parent / kind, os.O_CREAT | os.O_EXCL))
+        os.close(os.open(HERE / (kind + ".done"), os.O_CREAT | os.O_EXCL))
     except FileExistsError:
         return False
     return True
@@ -103,24 +133,32 @@ def hold_while_hung():
     # The run may not finish before the hung call's timeout (1 s) is seen: every other
     # call waits until 1.5 s after the hang began (a fast run once ended first).
     try:
-        began = os.stat(Path(__file__).parent / "hang").st_mtime
+        began = os.stat(HERE / "hang.done").st_mtime
     except FileNotFoundError:
         return
     time.sleep(max(0.0, began + 1.5 - time.time()))
 
 def flaky(answer, completion):
-    last = str(answer)[-1]
     hold_while_hung()
-    if last == "3":
+    role = role_of(str(answer))
+    if role == "raised":
         raise RuntimeError("this reward has a bug")
-    if last == "5" and first_time("hang"):
-        time.sleep(3600)
-    if last == "7" and first_time("exit"):
-        os._exit(1)
-    if last == "9":
+    if role == "bad_value":
         return float("nan")
+    if role == "hang" and first_time("hang"):
+        time.sleep(3600)
+    if role == "exit" and first_time("exit"):
+        os._exit(1)
     return len(completion) % 3 / 2
 """
+
+
+async def mark_once_reported(logs: list[dict[str, Any]], kinds: set[str], marker: Path) -> None:
+    """Create `marker` once "reward failed" has been logged for each of `kinds`."""
+    # The captured logs are a plain list: polled, there is nothing to wait on.
+    while not kinds <= {e.get("kind") for e in logs if e["event"] == "reward failed"}:  # noqa: ASYNC110
+        await trio.sleep(0.005)
+    await trio.Path(marker).touch()
 
 
 async def test_rewards_that_raise_hang_or_kill_their_worker_discard_only_their_rollouts(
@@ -137,7 +175,12 @@ async def test_rewards_that_raise_hang_or_kill_their_worker_discard_only_their_r
         "rewards.timeout_s=1.0",
     )
     with structlog.testing.capture_logs() as logs, trio.fail_after(180):
-        outcome = await launch_run(config)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                mark_once_reported, logs, {"raised", "bad_value"}, tmp_path / REPORTED
+            )
+            outcome = await launch_run(config)
+            nursery.cancel_scope.cancel()
     assert shipped_steps(config.batches_dir) == [1, 2, 3]
     # Counted when scored; discarded when the sink takes the group (groups still in flight
     # at the end are stopped, never admitted).
@@ -146,7 +189,7 @@ async def test_rewards_that_raise_hang_or_kill_their_worker_discard_only_their_r
     failures = [entry for entry in logs if entry["event"] == "reward failed"]
     kinds = {entry["kind"] for entry in failures}
     assert kinds == {"raised", "timeout", "worker_died", "bad_value"}
-    assert (tmp_path / "hang").exists() and (tmp_path / "exit").exists()
+    assert (tmp_path / "hang.done").exists() and (tmp_path / "exit.done").exists()
     # Once per (env, kind), with the traceback of a function that raised.
     assert len(failures) == len({(entry["env"], entry["kind"]) for entry in failures})
     raised = next(entry for entry in failures if entry["kind"] == "raised")
