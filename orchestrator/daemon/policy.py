@@ -17,7 +17,6 @@ import time
 from collections.abc import Awaitable, Callable
 
 import attrs
-import httpx
 import structlog
 import trio
 import watchfiles
@@ -26,6 +25,7 @@ from payload_gc import PayloadGCError, collect_below, parse_version
 from orchestrator.config import Config
 from orchestrator.daemon.heap import trim_heap
 from orchestrator.daemon.inference.client import load_weights
+from orchestrator.daemon.inference.http11 import Requester
 from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.metrics import CollectionTimes
 from orchestrator.daemon.run_state import RunState
@@ -43,7 +43,7 @@ _WATCHER_WAKE_MS = 500
 
 
 async def broadcast_update_weights(
-    client: httpx.AsyncClient, config: Config, pool: ServerPool, version: int
+    client: Requester, config: Config, pool: ServerPool, version: int
 ) -> None:
     """Tell every healthy server to load `version` by `[inference] weight_update`'s
     protocol, concurrently, with retries (nothing with "none").
@@ -87,7 +87,7 @@ class PolicyWatcher:
 
     config: Config
     state: RunState
-    client: httpx.AsyncClient
+    client: Requester
     pool: ServerPool
     # Called after each collection: sweeps the sink and cancels groups that cannot ship.
     sweep: Callable[[], Awaitable[None]]

@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
-import httpx
 import structlog
 import trio
 from payload_gc import PayloadGCError, wipe_root_async
 
 from orchestrator.config import Config
 from orchestrator.daemon.inference.credentials import BearerToken
+from orchestrator.daemon.inference.http11 import HTTPFailure, Requester
 from orchestrator.daemon.inference.http_clients import control_client
 from orchestrator.errors import UserError
 from orchestrator.handoff import (
@@ -97,14 +97,12 @@ async def check_moe_reload(
         )
 
 
-async def _read_version(
-    client: httpx.AsyncClient, url: str, versions: dict[str, str | None]
-) -> None:
+async def _read_version(client: Requester, url: str, versions: dict[str, str | None]) -> None:
     versions[url] = None
     try:
-        response = await client.get(url + VERSION_PATH)
-        answer = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
+        response = await client.request("GET", url + VERSION_PATH)
+        answer = json.loads(response.body) if response.status == 200 else None
+    except (HTTPFailure, ValueError):
         return
     if isinstance(answer, dict) and isinstance(answer.get("version"), str):
         versions[url] = answer["version"]

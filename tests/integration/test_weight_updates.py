@@ -16,6 +16,7 @@ import trio
 from orchestrator.commands.launch import launch_run
 from orchestrator.config import Config, load_config
 from orchestrator.daemon.inference.client import load_weights
+from orchestrator.daemon.inference.http11 import HTTP11Client
 from orchestrator.daemon.run_state import RunState
 from orchestrator.daemon.startup import check_moe_reload
 from orchestrator.errors import UserError
@@ -35,7 +36,7 @@ async def health(url: str) -> dict[str, Any]:
 
 async def test_vllm_protocol_loads_through_the_dev_endpoints(tmp_path: Path) -> None:
     weight_dir = tmp_path / "weights" / "step_7"
-    async with trio.open_nursery() as nursery, httpx.AsyncClient() as client:
+    async with trio.open_nursery() as nursery, HTTP11Client() as client:
         config = SimInferenceConfig(model=SimModel(), reply_form="upstream")
         url = await nursery.start(serve_inference, config)
         await load_weights(client, url, weight_update_plan("vllm", weight_dir, 7))
@@ -52,7 +53,11 @@ async def test_vllm_protocol_loads_through_the_dev_endpoints(tmp_path: Path) -> 
 
 
 async def test_a_failed_vllm_update_still_resumes_the_server(tmp_path: Path) -> None:
-    async with trio.open_nursery() as nursery, httpx.AsyncClient() as client:
+    async with (
+        trio.open_nursery() as nursery,
+        HTTP11Client() as control,
+        httpx.AsyncClient() as client,
+    ):
         config = SimInferenceConfig(model=SimModel(), reply_form="upstream")
         url = await nursery.start(serve_inference, config)
         plan = weight_update_plan("vllm", tmp_path / "step_1", 1)
@@ -61,7 +66,7 @@ async def test_a_failed_vllm_update_still_resumes_the_server(tmp_path: Path) -> 
             calls=(plan.calls[0], ControlCall("/collective_rpc", {"method": "no_such"})),
         )
         with pytest.raises(InferenceFailure, match="collective_rpc HTTP 400"):
-            await load_weights(client, url, broken)
+            await load_weights(control, url, broken)
         # Paused by the first call, resumed by the plan's finally: a generate answers.
         with trio.fail_after(10):
             reply = await client.post(

@@ -9,15 +9,15 @@ them; one that opens the exact path must not. Without the mode they run on a loc
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import trio
+from scripted_servers import Call, ScriptedServers, answer
 
 from orchestrator.config import Config, InferenceConfig, TrainerConfig
+from orchestrator.daemon.inference.http11 import Reply
 from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.policy import PolicyWatcher
 from orchestrator.daemon.run_state import RunState, Shipping
@@ -75,16 +75,16 @@ async def test_the_policy_watcher_applies_another_hosts_version_at_its_next_prob
     config.weights_dir.mkdir(parents=True)
     loaded: list[str] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        loaded.append(Path(json.loads(request.content)["weight_dir"]).name)
-        return httpx.Response(200, json={})
+    def handler(call: Call) -> Reply:
+        loaded.append(Path(call.json()["weight_dir"]).name)
+        return answer()
 
     async def sweep() -> None:
         pass
 
     # Batches 1 and 2 have shipped.
     state = RunState(config.staleness, Shipping(0, next_step=3))
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+    async with ScriptedServers(handler) as client:
         watcher = PolicyWatcher(
             config=config,
             state=state,

@@ -3,14 +3,14 @@ version, and every server down for too long is fatal. Virtual time, mock transpo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import httpx
 import pytest
 import trio
+from scripted_servers import Call, ScriptedServers, answer, refused
 
 from orchestrator.core.staleness import Staleness
+from orchestrator.daemon.inference.http11 import Reply
 from orchestrator.daemon.inference.server_pool import (
     InferenceUnavailable,
     ProbeSettings,
@@ -56,20 +56,17 @@ async def test_a_recovered_server_loads_the_applied_version_before_it_is_used(
     alive = {A: False}
     posted: list[tuple[str, object]] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        url = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
-        if not alive.get(url, True):
-            raise httpx.ConnectError("refused", request=request)
-        if request.url.path == "/update_weights":
-            posted.append((url, json.loads(request.content)["weight_dir"]))
-        return httpx.Response(200, json={})
+    def handler(call: Call) -> Reply:
+        if not alive.get(call.origin, True):
+            return refused(call)
+        if call.path == "/update_weights":
+            posted.append((call.origin, call.json()["weight_dir"]))
+        return answer()
 
     pool = ServerPool.of([A, B], on_change=lambda: None)
     pool.mark_down(A, "refused")
-    async with (
-        httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client,
-        trio.open_nursery() as nursery,
-    ):
+    client = ScriptedServers(handler)
+    async with trio.open_nursery() as nursery:
         await nursery.start(serve_health_prober, pool, client, settings(tmp_path), applied(7))
         await trio.sleep(5.5)
         assert A in pool.down_since and posted == []
@@ -83,16 +80,13 @@ async def test_a_recovered_server_loads_the_applied_version_before_it_is_used(
 async def test_every_server_down_past_the_deadline_is_fatal(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
-
     pool = ServerPool.of([A, B], on_change=lambda: None)
     pool.mark_down(A, "refused")
     await trio.sleep(4)
     pool.mark_down(B, "refused")
     start = trio.current_time()
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        with pytest.raises(InferenceUnavailable, match="unreachable for 11 s"):
-            await serve_health_prober(pool, client, settings(tmp_path, deadline=10.0), applied(0))
+    client = ScriptedServers(refused)
+    with pytest.raises(InferenceUnavailable, match="unreachable for 11 s"):
+        await serve_health_prober(pool, client, settings(tmp_path, deadline=10.0), applied(0))
     # Counted from the last server going down, checked once a second.
     assert trio.current_time() - start == 11.0

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import pytest
 import trio
+from scripted_servers import Call, ScriptedServers, answer
 
 from orchestrator.commands.inspect import read_run_snapshot
 from orchestrator.config import (
@@ -21,6 +21,7 @@ from orchestrator.config import (
     load_config,
 )
 from orchestrator.core.staleness import Staleness
+from orchestrator.daemon.inference.http11 import Reply
 from orchestrator.daemon.inference.server_pool import ProbeSettings, ServerPool, serve_health_prober
 from orchestrator.daemon.policy import PolicyWatcher
 from orchestrator.daemon.run_state import RunState, Shipping, Versions
@@ -228,11 +229,11 @@ async def test_a_recovered_server_loads_the_prime_rl_step_dir(
 ) -> None:
     posted: list[tuple[str, object]] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/update_weights":
-            url = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
-            posted.append((url, json.loads(request.content)["weight_dir"]))
-        return httpx.Response(200, json={})
+    def handler(call: Call) -> Reply:
+        if call.path == "/update_weights":
+            url = call.origin
+            posted.append((url, call.json()["weight_dir"]))
+        return answer()
 
     settings = ProbeSettings(
         weights_dir=tmp_path / "broadcasts",
@@ -245,7 +246,7 @@ async def test_a_recovered_server_loads_the_prime_rl_step_dir(
     pool = ServerPool.of([A, B], on_change=lambda: None)
     pool.mark_down(A, "refused")
     async with (
-        httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client,
+        ScriptedServers(handler) as client,
         trio.open_nursery() as nursery,
     ):
         await nursery.start(serve_health_prober, pool, client, settings, state)
@@ -274,13 +275,13 @@ async def test_the_watcher_follows_versions_published_in_the_prime_rl_layout(
     # The step directory each server was told to load, by directory name.
     posted: dict[str, set[str]] = {}
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/update_weights"
-        weight_dir = Path(json.loads(request.content)["weight_dir"])
-        url = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+    def handler(call: Call) -> Reply:
+        assert call.path == "/update_weights"
+        weight_dir = Path(call.json()["weight_dir"])
+        url = call.origin
         assert weight_dir.parent == weights_dir
         posted.setdefault(weight_dir.name, set()).add(url)
-        return httpx.Response(200, json={})
+        return answer()
 
     # Batches 1..3 have shipped: v4 and later would be another run's leftovers.
     state = RunState(config.staleness, Shipping(0, next_step=4))
@@ -295,7 +296,7 @@ async def test_the_watcher_follows_versions_published_in_the_prime_rl_layout(
                 await state.wait_changed()
 
     async with (
-        httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client,
+        ScriptedServers(handler) as client,
         trio.open_nursery() as nursery,
     ):
         watcher = PolicyWatcher(

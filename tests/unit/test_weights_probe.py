@@ -3,19 +3,19 @@ the policy watcher's probes: the timer, the watcher, a failing probe, the shippe
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 
-import httpx
 import hypothesis.strategies as st
 import pytest
 import structlog
 import trio
 from hypothesis import HealthCheck, given, settings
+from scripted_servers import Call, ScriptedServers, answer
 
 from orchestrator.config import Config, InferenceConfig, TrainerConfig
+from orchestrator.daemon.inference.http11 import Reply
 from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.policy import PolicyWatcher
 from orchestrator.daemon.run_state import RunState, Shipping
@@ -170,7 +170,7 @@ def test_the_probe_agrees_with_the_listing(
 
 def watcher_for(
     tmp_path: Path, *, force_polling: bool, poll_interval_s: float, next_step: int
-) -> tuple[PolicyWatcher, RunState, list[str], httpx.AsyncClient]:
+) -> tuple[PolicyWatcher, RunState, list[str], ScriptedServers]:
     config = Config(
         run_dir=tmp_path / "run",
         inference=InferenceConfig(urls=(A,), retries=0),
@@ -179,12 +179,12 @@ def watcher_for(
     config.payload_root.mkdir(parents=True)
     loaded: list[str] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        loaded.append(Path(json.loads(request.content)["weight_dir"]).name)
-        return httpx.Response(200, json={})
+    def handler(call: Call) -> Reply:
+        loaded.append(Path(call.json()["weight_dir"]).name)
+        return answer()
 
     state = RunState(config.staleness, Shipping(0, next_step=next_step))
-    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    client = ScriptedServers(handler)
 
     async def sweep() -> None:
         pass

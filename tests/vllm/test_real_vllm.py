@@ -12,7 +12,6 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import structlog.testing
@@ -33,6 +32,7 @@ from orchestrator.config import load_config
 from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon import RunState
 from orchestrator.daemon.inference.client import load_weights
+from orchestrator.daemon.inference.http11 import HTTP11Client
 from orchestrator.errors import UserError
 from orchestrator.handoff import read_batch
 from orchestrator.tasks.chat import ChatTokenizer
@@ -275,7 +275,7 @@ async def test_the_server_holds_each_version_the_run_applied(
 async def test_a_moe_server_reloads_its_own_checkpoint_unchanged(
     eager_server: Server, model: Path, tmp_path: Path
 ) -> None:
-    async with httpx.AsyncClient() as client:
+    async with HTTP11Client() as client:
         await load_weights(client, eager_server.url, weight_update_plan("vllm", model, 0))
     assert greedy_versions(eager_server, [model]) == [0]
 

@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-import httpx
 import msgspec
 import structlog
 import trio
@@ -18,8 +17,7 @@ from payload_gc import PayloadRootFiles, VersionDir
 
 from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon.inference.credentials import unauthorized_detail
-from orchestrator.daemon.inference.http11 import HTTP11Client, HTTPFailure
-from orchestrator.httpx_body import request_bytes
+from orchestrator.daemon.inference.http11 import HTTP11Client, HTTPFailure, Reply, Requester
 from orchestrator.payload import (
     CHECKED_ROUTING_ROWS,
     PayloadError,
@@ -107,18 +105,14 @@ def _routing_sample_problem(directory: VersionDir, segment: PayloadSegment) -> s
     return repeated_ids_problem(head, segment.pos)
 
 
-async def _post_json(
-    client: httpx.AsyncClient, url: str, body: Mapping[str, Any] | None
-) -> httpx.Response:
+async def _post_json(client: Requester, url: str, body: Mapping[str, Any] | None) -> Reply:
+    """POST `body` as compact JSON (an empty body for None). Raises `InferenceFailure`
+    ("connect", "transport" or "oversized") when no answer could be read."""
     data = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
-    return await request_bytes(client, "POST", url, data, headers=dict(JSON_HEADERS))
-
-
-def _transport_failure(url: str, exc: httpx.TransportError) -> InferenceFailure:
-    # Only a refused or unreachable connection says the server is down; a connection that
-    # broke mid-request is retried like any transient failure.
-    kind = "connect" if isinstance(exc, httpx.ConnectError) else "transport"
-    return InferenceFailure(kind, f"{url}: {exc.__class__.__name__}")
+    try:
+        return await client.request("POST", url, data, JSON_HEADERS)
+    except HTTPFailure as exc:
+        raise InferenceFailure(exc.kind, exc.detail) from None
 
 
 def encode_generate_request(body: Mapping[str, Any]) -> bytes:
@@ -149,7 +143,7 @@ async def post_generate(client: HTTP11Client, url: str, body: bytes | Mapping[st
     return reply.body
 
 
-async def load_weights(client: httpx.AsyncClient, url: str, plan: WeightUpdatePlan) -> None:
+async def load_weights(client: Requester, url: str, plan: WeightUpdatePlan) -> None:
     """Tell one server to load a version: `plan`'s calls in order (the caller puts the
     deadline around them), then its `finally_` calls whatever happened, shielded, within
     `CLEANUP_TIMEOUT_S`. Raises `InferenceFailure` naming the call that failed, with
@@ -167,24 +161,18 @@ async def load_weights(client: httpx.AsyncClient, url: str, plan: WeightUpdatePl
 
 
 async def _control_call(
-    client: httpx.AsyncClient, url: str, call: ControlCall, protocol: WeightUpdate
+    client: Requester, url: str, call: ControlCall, protocol: WeightUpdate
 ) -> None:
-    try:
-        response = await _post_json(client, url.rstrip("/") + call.path, call.body)
-    except httpx.TimeoutException:
-        raise InferenceFailure("timeout", f"{url}: {call.name} timed out") from None
-    except httpx.TransportError as exc:
-        raise _transport_failure(url, exc) from None
-    if response.status_code == 401:
-        sent = "authorization" in client.headers
+    response = await _post_json(client, url.rstrip("/") + call.path, call.body)
+    if response.status == 401:
+        sent = client.authorization is not None
         detail = unauthorized_detail(url, sent_token=sent)
         raise InferenceFailure("unauthorized", f"{call.name}: {detail}")
-    if response.status_code != 200:
-        kind = "http_5xx" if response.status_code >= 500 else "http_4xx"
-        hint = refusal_hint(protocol, call, response.status_code)
-        answer = " ".join(response.text[:200].split())
+    if response.status != 200:
+        kind = "http_5xx" if response.status >= 500 else "http_4xx"
+        hint = refusal_hint(protocol, call, response.status)
+        answer = " ".join(response.text().split())
         raise InferenceFailure(
             kind,
-            f"{url}: {call.name} HTTP {response.status_code}: {answer}"
-            + (f" ({hint})" if hint else ""),
+            f"{url}: {call.name} HTTP {response.status}: {answer}" + (f" ({hint})" if hint else ""),
         )

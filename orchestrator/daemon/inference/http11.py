@@ -35,6 +35,7 @@ import functools
 import ssl
 import urllib.parse
 from collections.abc import Sequence
+from typing import Protocol
 
 import attrs
 import h11
@@ -91,6 +92,22 @@ class Reply:
 
     def text(self, limit: int = 200) -> str:
         return self.body[:limit].decode("utf-8", "replace")
+
+
+class Requester(Protocol):
+    """What sends a request and reads its whole answer: `HTTP11Client`, or a test's
+    scripted servers. `authorization` is the bearer header it sends, if any."""
+
+    @property
+    def authorization(self) -> str | None: ...
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes = b"",
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> Reply: ...
 
 
 @attrs.define(eq=False)

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import attrs
-import httpx
 import structlog
 import trio
 
 from orchestrator.daemon.inference.client import load_weights
+from orchestrator.daemon.inference.http11 import HTTPFailure, Requester
 from orchestrator.daemon.run_state import RunState
 from orchestrator.wire import HEALTH_PATH, InferenceFailure, WeightUpdate, weight_update_plan
 
@@ -73,13 +73,13 @@ class ServerPool:
         return trio.current_time() - max(self.down_since.values())
 
 
-async def probe_health(client: httpx.AsyncClient, url: str) -> bool:
+async def probe_health(client: Requester, url: str) -> bool:
     """Whether `url` answers `GET /health` with 200. The caller sets the deadline."""
     try:
-        response = await client.get(url + HEALTH_PATH)
-    except httpx.HTTPError:
+        response = await client.request("GET", url.rstrip("/") + HEALTH_PATH)
+    except HTTPFailure:
         return False
-    return response.status_code == 200
+    return response.status == 200
 
 
 @attrs.frozen
@@ -99,7 +99,7 @@ class ProbeSettings:
 
 async def serve_health_prober(
     pool: ServerPool,
-    client: httpx.AsyncClient,
+    client: Requester,
     settings: ProbeSettings,
     state: RunState,
     *,
