@@ -425,7 +425,7 @@ async def _receive_reply(
     answer = _Answer(max_response_bytes)
     reserved = 0
     try:
-        while not answer.done:
+        while True:
             data = await connection.stream.receive_some(RECEIVE_BYTES)
             if not data:
                 if answer.delimited_by_close:
@@ -460,6 +460,8 @@ async def _receive_reply(
                 if need and not answer.done:
                     await budget.reserve(need)
                     reserved = need
+            if answer.done:
+                break
         reusable = answer.done and answer.keep_alive and not answer.extra
         return Reply(answer.status, b"".join(answer.chunks)), reusable
     finally:
