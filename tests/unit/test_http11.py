@@ -737,6 +737,25 @@ async def test_a_url_that_is_not_http_is_a_value_error() -> None:
             await client.request("GET", "ftp://127.0.0.1/x")
 
 
+@pytest.mark.parametrize(
+    ("method", "url", "headers", "match"),
+    [
+        ("GET", "http://127.0.0.1:1/x", [("x-a", "one\r\nx-b: two")], "line break"),
+        ("GET", "http://127.0.0.1:1/x", [("x-a\n", "one")], "line break"),
+        ("GET", "http://127.0.0.1:1/a b", [], "space or a line break"),
+        ("HEAD", "http://127.0.0.1:1/x", [], "HEAD is not supported"),
+    ],
+    ids=["a value", "a name", "the target", "HEAD"],
+)
+async def test_a_request_that_would_break_its_head_is_refused_before_connecting(
+    method: str, url: str, headers: list[tuple[str, str]], match: str
+) -> None:
+    # Nothing listens on port 1: a request that got as far as connecting would fail there.
+    async with HTTP11Client() as client:
+        with pytest.raises(ValueError, match=match):
+            await client.request(method, url, b"", headers)
+
+
 # --- cancellation and closing ---------------------------------------------------------
 
 

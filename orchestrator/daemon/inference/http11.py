@@ -300,7 +300,10 @@ def _request_head(
     method: str, target: str, origin: Origin, length: int, headers: Sequence[tuple[str, str]]
 ) -> bytes:
     """The request line and headers, up to the blank line. Raises `ValueError` for a
-    header that holds a line break (it would end the head or start another header)."""
+    header that holds a line break (it would end the head or start another header), or a
+    target with one or a space (it would end the request line)."""
+    if _BREAKS.intersection(target) or " " in target:
+        raise ValueError(f"request target {target!r} holds a space or a line break")
     lines = [
         f"{method} {target} HTTP/1.1",
         f"host: {origin.host_header}",
