@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import urllib.parse
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import trio
@@ -32,7 +32,7 @@ def answer(status: int = 200, body: Any = None) -> Reply:
     return Reply(status, json.dumps({} if body is None else body).encode())
 
 
-def refused(call: Call) -> Reply:
+def refused(call: Call) -> NoReturn:
     """A handler's answer for a server that is down: the connection is refused."""
     raise HTTPFailure("connect", f"{call.origin}: Connection refused")
 

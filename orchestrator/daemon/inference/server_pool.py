@@ -76,7 +76,7 @@ class ServerPool:
 async def probe_health(client: Requester, url: str) -> bool:
     """Whether `url` answers `GET /health` with 200. The caller sets the deadline."""
     try:
-        response = await client.request("GET", url.rstrip("/") + HEALTH_PATH)
+        response = await client.request("GET", url + HEALTH_PATH)
     except HTTPFailure:
         return False
     return response.status == 200
