@@ -65,7 +65,7 @@ class CorePlan:
 
     def describe(self) -> str:
         if not self.daemon:
-            return "not pinned (one core: daemon and fleet share it)"
+            return "not pinned (the daemon, the servers and the trainer share every core)"
         return (
             f"daemon pinned to core {sorted(self.daemon)}, servers and trainer to "
             f"core(s) {sorted(self.fleet)} (`os.sched_setaffinity`)"

@@ -51,7 +51,7 @@ from _report import write_section
 from _scale.measure import SizeResult, measure_size
 from _scale.report import report
 from _scale.workload import PROFILE_STEPS, SIZES
-from system_fleet import pin_self, plan_cores, quiet_daemon_logs, stamp
+from system_fleet import CorePlan, pin_self, plan_cores, quiet_daemon_logs, stamp
 
 
 def main() -> int:
@@ -62,6 +62,12 @@ def main() -> int:
     )
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--no-write", action="store_true", help="do not write docs/benchmarks.md")
+    parser.add_argument(
+        "--unpinned",
+        action="store_true",
+        help="pin nothing: the daemon, the servers and the trainer share every core, as on "
+        "a head node that also serves (the issue's lag goal is measured so)",
+    )
     parser.add_argument(
         "--no-pass-timer",
         dest="time_passes",
@@ -75,7 +81,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("need --steps >= 2 (the first batch is the warm-up)")
-    cores = plan_cores()
+    cores = CorePlan(frozenset(), frozenset()) if args.unpinned else plan_cores()
     if args.worker is not None:
         pin_self(cores.daemon)
         quiet_daemon_logs()
@@ -98,18 +104,22 @@ def main() -> int:
         for size in args.sizes:
             print(f"{stamp()} batches of {size}: {args.steps} steps", flush=True)
             extra = [] if args.time_passes else ["--no-pass-timer"]
+            extra += ["--unpinned"] if args.unpinned else []
             results.append(_in_worker(size, args.steps, Path(tmp) / f"size-{size}", extra))
         # One more, unreported run of the largest size with the event loop's thread under
         # cProfile, whose overhead would distort the figures above.
         largest = max(args.sizes)
         print(f"{stamp()} batches of {largest} under cProfile: {PROFILE_STEPS} steps", flush=True)
         profiled = _in_worker(
-            largest, PROFILE_STEPS, Path(tmp) / "profiled", ["--profile-loop", "--no-pass-timer"]
+            largest,
+            PROFILE_STEPS,
+            Path(tmp) / "profiled",
+            ["--profile-loop", "--no-pass-timer", *(["--unpinned"] if args.unpinned else [])],
         )
     markdown = report(results, profiled, args, cores.describe(), command)
     print(markdown)
     if not args.no_write:
-        write_section("system_scale", markdown)
+        write_section("system_scale_shared" if args.unpinned else "system_scale", markdown)
     return 0
 
 

@@ -246,7 +246,8 @@ def report(
     )
     return "\n".join(
         [
-            "## System: real scale, a million tokens a step and more (`bench/system_scale.py`)",
+            "## System: real scale, a million tokens a step and more (`bench/system_scale.py`"
+            + (", everything on every core)" if args.unpinned else ")"),
             "",
             f"`{command.strip()}` (revision {git_revision()}{_uncommitted()}), on {machine()}.",
             "",

@@ -1,9 +1,14 @@
 """One collector at a time per root: the lock file `<root>/.payload-gc/lock`.
 
-The lock is a file created with `O_EXCL` (atomic on local filesystems and NFS alike,
-unlike `flock`, which some cluster filesystems do not support) holding the owner's host,
-pid and start time. A lock left by a process that died on this host is stale and taken
-over; a lock from another host cannot be checked and is reported.
+The lock is a file holding the owner's host, pid and start time, made exclusively
+(atomic on local filesystems and NFS alike, unlike `flock`, which some cluster filesystems
+do not support). The owner is written first, into a file of the collector's own
+(`lock.new-<hex>`), which is then hard-linked as `lock`: the link fails if the lock
+exists, and a collector killed at any moment leaves either no lock or one that names
+it, never an empty one that nobody could prove stale. On a filesystem without hard links
+the lock is created with `O_EXCL` and written after. A lock left by a process that died on
+this host is stale and taken over; a lock from another host cannot be checked and is
+reported.
 
 The lock prevents duplicate work and interleaved audit lines; deletion itself stays
 correct without it, because a missing file counts as deleted.
@@ -11,13 +16,15 @@ correct without it, because a missing file counts as deleted.
 Nothing of the collector's own is left in the control directory: every descriptor on a
 file of ours is closed before that file is unlinked (a file unlinked while open would
 stay behind on NFS and FUSE as a busy `.nfs*`/`.fuse_hidden*` file), a stale lock moved
-aside is removed by whoever moved it, and one left by a collector that died in between
-is removed by the next holder of the lock. Busy files in the control directory (another
-process's, still open) are left alone: their filesystem removes them once closed.
+aside, or a lock being made, is removed by whoever made it, and one left by a collector
+that died in between is removed by the next holder of the lock. Busy files in the
+control directory (another process's, still open) are left alone: their filesystem
+removes them once closed.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -54,6 +61,11 @@ STARTING_GRACE_S = 10.0
 #: that died in between, and is removed by the next holder of the lock.
 ASIDE_GRACE_S = 60.0
 _ASIDE_PREFIX = f"{LOCK_NAME}.stale-"
+#: A lock being made: the owner written here first, then linked as the lock.
+_NEW_PREFIX = f"{LOCK_NAME}.new-"
+#: What `link` raises where a filesystem has no hard links (FAT, some FUSE and object
+#: stores): the lock is then created in place with `O_EXCL`.
+_NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK})
 
 
 @attrs.frozen
@@ -209,12 +221,17 @@ def try_acquire(control_fd: int, root: str) -> HeldLock:
     for _ in range(_ATTEMPTS):
         owner = current_owner()
         try:
-            fd = os.open(LOCK_NAME, _CREATE_FLAGS, 0o644, dir_fd=control_fd)
+            _make_lock(control_fd, owner)
         except FileExistsError:
             raw = _read(control_fd, LOCK_NAME)
             if raw is None:
                 continue  # released meanwhile: try again
             holder = LockOwner.from_json(raw)
+            if holder is not None and holder.token == owner.token:
+                # Ours: the link was made but reported as failed (an NFS call retried
+                # after its reply was lost finds the name taken).
+                _remove_left_asides(control_fd)
+                return HeldLock(control_fd, owner)
             if holder is not None and _is_stale(holder):
                 _break_stale(control_fd, raw)
                 log.warning(
@@ -230,26 +247,60 @@ def try_acquire(control_fd: int, root: str) -> HeldLock:
             raise PayloadGCError(
                 f"cannot create lock {root}/{CONTROL_DIR_NAME}/{LOCK_NAME}: {exc.strerror}"
             ) from None
-        try:
-            os.write(fd, (owner.to_json() + "\n").encode())
-        finally:
-            os.close(fd)
         _remove_left_asides(control_fd)
         return HeldLock(control_fd, owner)
     raise _held_error(control_fd, root, None)
 
 
+def _make_lock(control_fd: int, owner: LockOwner) -> None:
+    """Create the lock naming `owner`, or raise FileExistsError if there is one.
+
+    The owner goes into `lock.new-<token>` first, which is then linked as the lock and
+    unlinked (its descriptor closed before either). Where `link` is not supported the lock
+    is created with `O_EXCL` and written, as the fallback (a kill between the two leaves
+    an empty lock, reported by `_held_error`).
+    """
+    content = (owner.to_json() + "\n").encode()
+    new = f"{_NEW_PREFIX}{owner.token}"
+    _write_new(control_fd, new, content)
+    try:
+        os.link(new, LOCK_NAME, src_dir_fd=control_fd, dst_dir_fd=control_fd, follow_symlinks=False)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in _NO_LINKS:
+            raise
+        _write_new(control_fd, LOCK_NAME, content)
+    finally:
+        try:
+            os.unlink(new, dir_fd=control_fd)
+        except OSError as exc:
+            if not is_vanished(exc):
+                raise
+
+
+def _write_new(control_fd: int, name: str, content: bytes) -> None:
+    """Create `name` exclusively in the control directory and write `content` to it.
+    Raises FileExistsError when it exists."""
+    fd = os.open(name, _CREATE_FLAGS, 0o644, dir_fd=control_fd)
+    try:
+        os.write(fd, content)
+    finally:
+        os.close(fd)
+
+
 def _remove_left_asides(control_fd: int) -> None:
-    """Remove stale locks moved aside by a collector that died before removing them
-    (older than `ASIDE_GRACE_S`). Called holding the lock; never raises. Nothing else in
-    the control directory is touched: not the audit log, and not busy files."""
+    """Remove stale locks moved aside, and locks being made, by a collector that died
+    before removing them (older than `ASIDE_GRACE_S`). Called holding the lock; never
+    raises. Nothing else in the control directory is touched: not the audit log, and not
+    busy files."""
     try:
         names = os.listdir(control_fd)
     except OSError:
         return
     now = time.time()
     for name in names:
-        if not name.startswith(_ASIDE_PREFIX):
+        if not name.startswith((_ASIDE_PREFIX, _NEW_PREFIX)):
             continue
         try:
             st = os.stat(name, dir_fd=control_fd, follow_symlinks=False)
@@ -328,7 +379,7 @@ async def wait_for_lock(try_lock: Callable[[], None]) -> None:
             await trio.to_thread.run_sync(try_lock)
         except LockHeld as exc:
             if not waiting:
-                log.info("waiting for the lock: %s", exc)
+                log.warning("waiting for the lock: %s", exc)
                 waiting = True
             await trio.sleep(delay)
             delay = min(delay * 2, LOCK_POLL_MAX_S)

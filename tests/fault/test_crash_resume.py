@@ -373,7 +373,10 @@ def test_sigkilled_daemon_resumes_without_loss_reshipping_or_stray_deletion(
         final_code = final.wait(timeout=FINAL_RUN_DEADLINE_S)
     except subprocess.TimeoutExpired:
         final_code = None
-    assert final_code == 0, f"final run: exit {final_code}; log:\n{children.log_tail(final, 30)}"
+    assert final_code == 0, (
+        f"final run: exit {final_code}; log:\n{children.log_tail(final, 30)}\n"
+        f"the trainer's log:\n{children.log_tail(trainer, 15)}"
+    )
     assert trainer.wait(timeout=30) == 0, children.log_tail(trainer)
     ledger.scan()
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import payload_gc._lock as lock_module
 import pytest
 import trio
 import trio.testing
@@ -86,6 +89,82 @@ def test_a_second_collector_gets_lock_held(tmp_path: Path, control_fd: int) -> N
     assert f"locked by pid {os.getpid()} on {socket.gethostname()}" in message
     held.release()
     collect_below_sync(tmp_path, 5)
+
+
+def _control_names(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / ".payload-gc").iterdir())
+
+
+# A collector SIGKILLed while it makes the lock: just before its `lock.new-<hex>` is
+# linked as the lock (argv[2] "before-link") or just after.
+_KILLED_MAKING_THE_LOCK = """
+import os, signal, sys
+from payload_gc import collect_below_sync
+link = os.link
+def link_then_die(*args, **kwargs):
+    if sys.argv[2] == "after-link":
+        link(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+os.link = link_then_die
+collect_below_sync(sys.argv[1], 1)
+"""
+
+
+@pytest.mark.parametrize("moment", ["before-link", "after-link"])
+def test_a_collector_killed_while_making_the_lock_leaves_none_that_blocks(
+    tmp_path: Path, moment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "v0").mkdir()
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_MAKING_THE_LOCK, str(tmp_path), moment])
+    assert child.wait(timeout=60) == -signal.SIGKILL
+    left = _control_names(tmp_path)
+    # Never a lock without its owner: none yet, or one naming the dead collector.
+    if moment == "before-link":
+        assert "lock" not in left
+    else:
+        assert json.loads(_lock_file(tmp_path).read_text())["pid"] == child.pid
+    (made,) = [name for name in left if name.startswith("lock.new-")]
+    # The next collector goes ahead (taking the dead one's lock over) and, once the
+    # leftover is old enough, removes it.
+    monkeypatch.setattr(lock_module, "ASIDE_GRACE_S", -1.0)
+    report = collect_below_sync(tmp_path, 1)
+    assert [d.name for d in report.deleted] == ["v0"]
+    assert _control_names(tmp_path) == ["audit.jsonl"]
+    assert made not in _control_names(tmp_path)
+
+
+def test_without_hard_links_the_lock_is_created_in_place(
+    tmp_path: Path, control_fd: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_links(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    held = try_acquire(control_fd, str(tmp_path))
+    assert json.loads(_lock_file(tmp_path).read_text())["token"] == held.owner.token
+    assert _control_names(tmp_path) == ["lock"]
+    with pytest.raises(LockHeld, match=f"locked by pid {os.getpid()}"):
+        try_acquire(control_fd, str(tmp_path))
+    held.release()
+    assert _control_names(tmp_path) == []
+
+
+def test_a_link_made_but_reported_as_failed_is_still_ours(
+    tmp_path: Path, control_fd: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NFS: a link retried after its reply was lost finds its own name taken.
+    link = os.link
+
+    def made_then_lost(*args: object, **kwargs: object) -> None:
+        link(*args, **kwargs)  # type: ignore[arg-type]
+        raise FileExistsError(errno.EEXIST, "File exists")
+
+    monkeypatch.setattr(os, "link", made_then_lost)
+    held = try_acquire(control_fd, str(tmp_path))
+    assert json.loads(_lock_file(tmp_path).read_text())["token"] == held.owner.token
+    assert _control_names(tmp_path) == ["lock"]
+    held.release()
+    assert _control_names(tmp_path) == []
 
 
 def test_stale_lock_of_a_dead_pid_is_taken_over(

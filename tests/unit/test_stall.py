@@ -22,6 +22,7 @@ def figures(
     texts: dict[tuple[str, str], int] | None = None,
     idle: bool = False,
     gate_open: bool = True,
+    settling: bool = False,
 ) -> RunSnapshot:
     return RunSnapshot(
         step=3,
@@ -33,6 +34,7 @@ def figures(
         discards=discards or {},
         failures=failures or {},
         texts=texts or {},
+        settling=settling,
     )
 
 
@@ -116,6 +118,17 @@ def test_a_closed_gate_says_the_batch_waits_for_the_trainer() -> None:
     report = watch.check(2.0, figures(gate_open=False))
     assert report is not None
     assert "trainer" in report.log_fields()["waiting_for"]
+
+
+def test_a_closed_gate_behind_an_unfinished_update_names_the_update_not_the_trainer() -> None:
+    # A collection waiting for the payload root's lock kept the watcher from the next
+    # version while the warning blamed the trainer.
+    watch = StallWatch(stall_s=1.0, started_at=0.0)
+    report = watch.check(2.0, figures(gate_open=False, settling=True))
+    assert report is not None
+    waiting = report.log_fields()["waiting_for"]
+    assert "update to v1" in waiting and "collection" in waiting
+    assert "trainer" not in waiting
 
 
 def test_most_discarded() -> None:

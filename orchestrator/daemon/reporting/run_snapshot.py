@@ -33,6 +33,9 @@ class RunSnapshot:
     # By environment: rollouts scored and the sum of their rewards.
     scored: Mapping[str, int] = attrs.field(factory=dict)
     reward_sums: Mapping[str, float] = attrs.field(factory=dict)
+    # The applied version's update has not finished (its collection and sweep): the
+    # policy watcher looks for no newer version meanwhile.
+    settling: bool = False
 
 
 def snapshot(state: RunState, sink: TrainSink, *, needed: int, inflight_limit: int) -> RunSnapshot:
@@ -54,6 +57,7 @@ def snapshot(state: RunState, sink: TrainSink, *, needed: int, inflight_limit: i
         inflight_limit=inflight_limit,
         scored={env: tally.scored for env, tally in sink.by_env.items()},
         reward_sums={env: tally.reward_sum for env, tally in sink.by_env.items()},
+        settling=state.versions.settled < state.versions.applied,
     )
 
 

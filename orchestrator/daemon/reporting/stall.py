@@ -80,6 +80,7 @@ class StallReport:
     gate_open: bool
     applied_version: int
     recent: Recent
+    settling: bool = False
 
     def log_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -94,7 +95,14 @@ class StallReport:
             if self.recent.top_error is None
             else self.recent.top_error.describe(),
         }
-        if not self.gate_open:
+        if not self.gate_open and self.settling:
+            # The watcher finishes an update before it looks for the next version: a
+            # collection that cannot end (the payload root's lock held) stops the run here.
+            fields["waiting_for"] = (
+                f"the update to v{self.applied_version} to finish: its payload collection "
+                "has not ended (see the warnings: the payload root's lock?)"
+            )
+        elif not self.gate_open:
             fields["waiting_for"] = (
                 f"the trainer: batch {self.step} may ship once a newer version than "
                 f"v{self.applied_version} is applied"
@@ -187,6 +195,7 @@ class StallWatch:
             gate_open=snapshot.gate_open,
             applied_version=snapshot.applied_version,
             recent=self.recent(snapshot),
+            settling=snapshot.settling,
         )
 
     def next_check(self, now: float) -> float:
