@@ -27,6 +27,7 @@ from orchestrator.core.sink import TrainSink
 from orchestrator.daemon.inference.client import TurnFiles, check_turn_files
 from orchestrator.daemon.inference.http11 import HTTP11Client
 from orchestrator.daemon.inference.server_pool import ServerPool
+from orchestrator.daemon.pass_budget import yield_if_pass_is_long
 from orchestrator.daemon.rollout_runner import RolloutRun, RolloutRunner
 from orchestrator.daemon.run_state import InflightGroup, RunState
 
@@ -297,6 +298,7 @@ class Dispatcher:
                 failed=f"reward failed: {exc}",
                 failure=Discard.REWARD_FAILED,
             )
+        await yield_if_pass_is_long()
         try:
             sample, routing_dropped = build_sample(
                 run.rollout_id,

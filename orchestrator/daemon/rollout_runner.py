@@ -24,6 +24,7 @@ from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon.inference.client import encode_generate_request, post_generate
 from orchestrator.daemon.inference.http11 import HTTP11Client
 from orchestrator.daemon.inference.server_pool import ServerPool
+from orchestrator.daemon.pass_budget import yield_if_pass_is_long
 from orchestrator.daemon.rejections import Rejections
 from orchestrator.daemon.run_state import RunState
 from orchestrator.payload import RoutingShape, version_dir
@@ -163,6 +164,9 @@ class RolloutRunner:
             try:
                 with trio.fail_after(config.inference.request_timeout_s):
                     raw = await post_generate(self.client, server, body)
+                    # Parsing is a turn's largest piece of Python: in a later pass when
+                    # this one is long (many replies at once).
+                    await yield_if_pass_is_long()
                 turn = parse_generate_response(
                     raw,
                     prompt_len=prompt_len,

@@ -44,6 +44,7 @@ from orchestrator.daemon.inference.http_clients import open_clients
 from orchestrator.daemon.inference.server_pool import ServerPool, serve_health_prober
 from orchestrator.daemon.interpreter import tune_interpreter_for_the_loop, untune_interpreter
 from orchestrator.daemon.metrics import CollectionTimes, start_metrics
+from orchestrator.daemon.pass_budget import keep_passes_short
 from orchestrator.daemon.payload_files.disk import PayloadDeleter, measure_tree
 from orchestrator.daemon.policy import PolicyWatcher
 from orchestrator.daemon.reporting.progress_file import ProgressFile, RunFigures
@@ -159,7 +160,7 @@ async def run_daemon(
     start = StartPoint(0, resumed=False)
     async with open_wandb_log(config) as wandb:
         services.lines.mirror_to(wandb)
-        with scope:
+        with scope, keep_passes_short():
             # Before anything changes: a run the servers would silently get wrong.
             await check_moe_reload(config, servers, token)
             with trio.CancelScope(shield=True):  # a worker thread finishes it anyway

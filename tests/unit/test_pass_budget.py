@@ -1,0 +1,74 @@
+"""The pass budget: a task yields to a later pass only when the current one ran long."""
+
+from __future__ import annotations
+
+import time
+
+import trio
+import trio.testing
+
+from orchestrator.daemon.pass_budget import keep_passes_short, yield_if_pass_is_long
+
+
+async def test_without_a_budget_asking_is_free() -> None:
+    with trio.testing.assert_no_checkpoints():
+        await yield_if_pass_is_long()
+
+
+async def test_a_fresh_pass_goes_on_and_a_long_one_yields_until_a_new_pass() -> None:
+    with keep_passes_short(budget_s=3600.0) as budget:
+        with trio.testing.assert_no_checkpoints():
+            await yield_if_pass_is_long()
+        assert budget.yields == 0
+        # The pass has run past its budget: the task yields, and goes on in a later pass
+        # (trio's I/O wait between the two starts a new one).
+        budget.budget_s = 0.0005
+        budget.pass_started = time.perf_counter() - 1.0
+        assert budget.granted  # the first to ask in a pass goes on, whatever the time
+        with trio.testing.assert_checkpoints():
+            await yield_if_pass_is_long()
+        assert budget.yields >= 1
+
+
+async def test_tasks_deferred_together_are_spread_over_passes() -> None:
+    # Ten tasks, 1 ms of work each after the question, a 2 ms budget: no pass runs all
+    # of them (the question is asked again in each later pass).
+    passes = 0
+    worked_in: list[int] = []  # the pass each task's work ran in
+
+    class CountPasses(trio.abc.Instrument):
+        def after_io_wait(self, timeout: float) -> None:
+            nonlocal passes
+            passes += 1
+
+    async def work() -> None:
+        await yield_if_pass_is_long()
+        worked_in.append(passes)
+        end = time.perf_counter() + 0.001
+        while time.perf_counter() < end:
+            pass
+
+    counter = CountPasses()
+    trio.lowlevel.add_instrument(counter)
+    try:
+        with keep_passes_short(budget_s=0.002) as budget:
+            budget.pass_started = time.perf_counter() - 1.0  # this pass is long already
+            budget.granted = True
+            async with trio.open_nursery() as nursery:
+                for _ in range(10):
+                    nursery.start_soon(work)
+    finally:
+        trio.lowlevel.remove_instrument(counter)
+    assert len(worked_in) == 10
+    # About budget / 1 ms + 1 tasks' work per pass (fewer on a busy machine), never all.
+    per_pass = [worked_in.count(n) for n in set(worked_in)]
+    assert max(per_pass) <= 4
+    assert budget.yields >= 10
+
+
+async def test_the_budget_is_uninstalled_after_the_block() -> None:
+    with keep_passes_short(budget_s=0.0) as budget:
+        budget.pass_started = time.perf_counter() - 1.0
+        budget.granted = True
+    with trio.testing.assert_no_checkpoints():
+        await yield_if_pass_is_long()
