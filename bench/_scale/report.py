@@ -222,7 +222,7 @@ def _uncommitted() -> str:
             capture_output=True,
             text=True,
             check=True,
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=Path(__file__).resolve().parents[2],
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         return ""
