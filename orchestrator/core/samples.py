@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import attrs
 import numpy as np
 import structlog
 
@@ -58,6 +58,28 @@ def build_sample(
         logprobs[prompt_len:end] = turn.logprobs
         files |= turn.files
         poisoned = poisoned or turn.poisoned
+    untrainable = f"poisoned: {poisoned}" if poisoned else None
+    stitched: dict[str, Any] = {}
+    dropped = False
+    if not poisoned and fields and turns:
+        outputs = [turn for _, turn in turns]
+        try:
+            if payload_dir is not None:
+                stitched["payload"], dropped = _stitch_segments(
+                    outputs, length, fields, final_token_route
+                )
+            else:
+                stitched["inline"], dropped = _stitch_inline(
+                    outputs, length, fields, final_token_route
+                )
+        except BadSegment as exc:
+            # Turns of one branch that disagree on row shape: not trainable.
+            untrainable = f"poisoned: {exc}"
+    # Ours alone: frozen here, so the sample keeps them without a copy.
+    loss_mask.flags.writeable = False
+    logprobs.flags.writeable = False
+    # Built once, with its payload (an `attrs.evolve` after would convert every field
+    # again: this runs for every rollout on the event loop).
     sample = Sample(
         rollout_id=rollout_id,
         token_ids=token_ids,
@@ -65,20 +87,10 @@ def build_sample(
         logprobs=logprobs,
         payload_dir=str(payload_dir) if payload_dir is not None else None,
         files=frozenset(files),
-        untrainable=f"poisoned: {poisoned}" if poisoned else None,
+        untrainable=untrainable,
+        **stitched,
     )
-    if poisoned or not fields or not turns:
-        return sample, False
-    outputs = [turn for _, turn in turns]
-    try:
-        if payload_dir is not None:
-            payload, dropped = _stitch_segments(outputs, length, fields, final_token_route)
-            return attrs.evolve(sample, payload=payload), dropped
-        inline, dropped = _stitch_inline(outputs, length, fields, final_token_route)
-        return attrs.evolve(sample, inline=inline), dropped
-    except BadSegment as exc:
-        # Turns of one branch that disagree on row shape: not trainable.
-        return attrs.evolve(sample, untrainable=f"poisoned: {exc}"), False
+    return sample, dropped
 
 
 def _stitch_segments(

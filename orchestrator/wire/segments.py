@@ -19,7 +19,6 @@ import posixpath
 from pathlib import Path
 from typing import Any
 
-import attrs
 from payload_gc import is_busy_name, plain_name_problem
 
 from orchestrator.payload import (
@@ -85,7 +84,17 @@ def segment_from_wire(obj: object, payload_dir: Path) -> PayloadSegment:
         digest=obj.get("digest"),
     )
     check_segment_layout(segment)
-    return attrs.evolve(segment, file=_name_in(segment.file, payload_dir))
+    # Built again rather than `attrs.evolve`d: evolve looks every field up by name, and
+    # this runs for every segment of every reply on the event loop.
+    return PayloadSegment(
+        field=segment.field,
+        file=_name_in(segment.file, payload_dir),
+        offset=segment.offset,
+        pos=segment.pos,
+        shape=segment.shape,
+        dtype=segment.dtype,
+        digest=segment.digest,
+    )
 
 
 def _name_in(file: str, payload_dir: Path) -> str:
