@@ -132,6 +132,12 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
     if args.summary_json:
         with open(args.summary_json, "w") as out:
             json.dump(data, out, indent=1)
+    refused = outcome.state.dispatch.refused
+    if refused is not None:
+        # A configuration fault (a server started without what the run needs, a wrong
+        # key): the run stopped as if asked, and says why last.
+        print(f"orchestrator run: error: {refused}", file=sys.stderr)
+        return 2
     if not invariants_hold(data):
         return 1
     if stopped and stop.forced_by is not None:

@@ -180,6 +180,10 @@ class InferenceConfig:
     retry_backoff_s: float = attrs.field(default=0.5, validator=at_least(0))
     # Every server unreachable for this long is fatal: the run stops with an error.
     unavailable_deadline_s: float = attrs.field(default=300.0, validator=greater_than(0))
+    # Every server refusing every request with the same client error (4xx, 401) for this
+    # long (and 10 requests) ends the run, exit status 2, that error in one line
+    # (orchestrator/core/refusals.py); 0: never.
+    refusal_stop_s: float = attrs.field(default=30.0, validator=at_least(0))
     # Prefill and decode on different servers behind a router (each URL is a router). With
     # local servers ([sim] inference_servers), each is such a deployment.
     disaggregated: bool = False

@@ -21,6 +21,7 @@ from payload_gc import PayloadGCError, PayloadRootFiles
 from orchestrator.config import Config
 from orchestrator.core.admission import DispatchGate, Pipe
 from orchestrator.core.environments import Environment, Prompt, PromptSkipped, ScoreFailed
+from orchestrator.core.refusals import RefusalWatch
 from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult
 from orchestrator.core.samples import build_sample
 from orchestrator.core.sink import TrainSink
@@ -63,7 +64,13 @@ class Dispatcher:
         config, state = self.config, self.state
         self._gate = DispatchGate(config.staleness, config.batch.size, config.batch.group_size)
         self._runner = RolloutRunner(
-            config, state, self.client, self.pool, state.dispatch.rejections, capture=True
+            config,
+            state,
+            self.client,
+            self.pool,
+            state.dispatch.rejections,
+            capture=True,
+            refusals=RefusalWatch(config.inference.refusal_stop_s),
         )
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -20,6 +20,7 @@ import trio
 from orchestrator.config import Config
 from orchestrator.core.arrays import TOKEN_DTYPE
 from orchestrator.core.environments import Episode, Prompt
+from orchestrator.core.refusals import NO_ANSWER_KINDS, REFUSAL_KINDS, RefusalWatch
 from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon.inference.client import encode_generate_request, post_generate
 from orchestrator.daemon.inference.http11 import HTTP11Client
@@ -65,6 +66,9 @@ class RolloutRunner:
     pool: ServerPool
     rejections: Rejections
     capture: bool = True
+    # Watches for a fleet that refuses every request (training's runner only): once it
+    # does, `state.dispatch.refused` says why and no group starts any more.
+    refusals: RefusalWatch | None = None
     # The last version's payload directory: one Path per version, not one per rollout.
     _last_payload_dir: tuple[int, Path] | None = attrs.field(default=None, init=False)
     # Whether rollouts write payload files (decided by the config once, not per rollout).
@@ -184,11 +188,15 @@ class RolloutRunner:
                 # crash of the daemon.
                 failure = InferenceFailure("malformed", f"unparseable reply ({exc!r:.200})")
             else:
+                if self.refusals is not None:
+                    self.refusals.answered()
                 if turn.poisoned is not None:
                     self.rejections.record("poisoned_payload", server, turn.poisoned)
                 elif self.capture and self.state.dispatch.routing_shape is None:
                     self._learn_routing_shape(turn, server)
                 return turn
+            if self.refusals is not None:
+                self._watch_refusals(server, failure)
             attempt += 1
             retrying = (
                 failure.transient and attempt <= config.inference.retries and not stop.is_set()
@@ -201,6 +209,24 @@ class RolloutRunner:
             if not retrying:
                 raise failure
             await trio.sleep(min(config.inference.retry_backoff_s * 2 ** (attempt - 1), 30.0))
+
+    def _watch_refusals(self, server: str, failure: InferenceFailure) -> None:
+        """Feed the refusal watch; end the dispatch when the whole fleet refuses."""
+        assert self.refusals is not None
+        if failure.kind not in REFUSAL_KINDS:
+            if failure.kind not in NO_ANSWER_KINDS:
+                self.refusals.answered()  # an answer, and not that refusal
+            return
+        ended = self.refusals.refused(
+            trio.current_time(), server, failure.detail, self.pool.healthy()
+        )
+        dispatch = self.state.dispatch
+        if ended is not None and dispatch.refused is None:
+            log.error("the fleet refuses every request: ending the run", error=ended)
+            dispatch.refused = ended
+            dispatch.stopping = True
+            dispatch.refusal.set()
+            self.state.notify()
 
     def _learn_routing_shape(self, turn: TurnOutput, server: str) -> None:
         """With no routing shape configured, the first good reply with routing fixes it

@@ -147,6 +147,9 @@ async def run_daemon(
 
     `stop` (the `run` command's signals): a request stops the run gracefully once
     dispatching, at once before (see `orchestrator.daemon.stop`); the outcome says so.
+    A fleet that refuses every request with the same client error for
+    `inference.refusal_stop_s` stops the run the same way (`orchestrator.core.refusals`):
+    the outcome is stopped and `state.dispatch.refused` says why.
     `metrics_sockets`: the metrics listener, bound beforehand. `token`: the servers'
     bearer token (`orchestrator.daemon.inference.credentials`), sent with every request.
     `evals`: the tasks of `[[eval.env]]`, evaluated when `[eval]` says (none: no evals).
@@ -156,7 +159,10 @@ async def run_daemon(
         config.staleness, max_steps=config.max_steps, routing_shape=config.routing_shape
     )
     services = Services.build(config, handoff, state, TrainSink(sink_limits(config)))
-    scope = trio.CancelScope() if stop is None else stop.scope
+    # A run ends gracefully on its own too (a fleet that refuses every request): with a
+    # stop of its own when the caller gave none.
+    stop = Stop(grace_s=config.shutdown.grace_s) if stop is None else stop
+    scope = stop.scope
     start = StartPoint(0, resumed=False)
     async with open_wandb_log(config) as wandb:
         services.lines.mirror_to(wandb)
@@ -177,8 +183,8 @@ async def run_daemon(
                 metrics_sockets,
                 task_status,
             )
-    stopped = stop is not None and scope.cancelled_caught
-    if stop is not None and stopped:
+    stopped = scope.cancelled_caught
+    if stopped:
         await account_for_a_stopped_run(config, handoff, state, stop)
     else:
         _, on_disk = await measure_tree(config.payload_root, limiter=services.file_limiter)
@@ -214,7 +220,7 @@ async def _serve(
     environment: Environment,
     evals: Sequence[EvalTask],
     token: BearerToken | None,
-    stop: Stop | None,
+    stop: Stop,
     metrics_sockets: Sequence[socket.socket],
     task_status: trio.TaskStatus[RunState],
 ) -> None:
@@ -305,8 +311,8 @@ async def _serve(
                 nursery.start_soon(_settle_resumed, policy, start.resume_step)
             switch_interval = tune_interpreter_for_the_loop()
             task_status.started(state)
-            if stop is not None:
-                stop_gracefully_when_asked(stop, state, nursery)
+            stop_gracefully_when_asked(stop, state, nursery)
+            nursery.start_soon(_stop_when_refused, state, stop)
             if config.max_steps:
                 await wait_until_trained(state, config.max_steps)
                 await drain_groups(state, config.inference.request_timeout_s)
@@ -326,6 +332,13 @@ async def _serve(
         with trio.move_on_after(config.shutdown.grace_s) as cleanup:
             cleanup.shield = True
             await services.progress.save()
+
+
+async def _stop_when_refused(state: RunState, stop: Stop) -> None:
+    """Stop the run gracefully once the whole fleet refuses every request (what was
+    shipped stays shipped; the run can be resumed once the servers are mended)."""
+    await state.dispatch.refusal.wait()
+    stop.request("refused")
 
 
 async def _resume(config: Config, state: RunState, policy: PolicyWatcher, step: int) -> None:

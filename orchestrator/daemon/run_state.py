@@ -132,6 +132,10 @@ class Dispatch:
     # The model's routing shape every reply is checked against: from the config, or fixed
     # by the first reply of the run that carries routing (None until then).
     routing_shape: RoutingShape | None = None
+    # Why the fleet's refusals end the run (`orchestrator.core.refusals`), once they do;
+    # `refusal` is set then.
+    refused: str | None = None
+    refusal: trio.Event = attrs.field(factory=trio.Event)
 
 
 @attrs.define

@@ -6,6 +6,7 @@ read stops `run` before the payload root is touched."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -174,3 +175,56 @@ def test_a_token_that_cannot_be_read_is_one_line_and_touches_nothing(
     )
     assert kept.read_bytes() == b"payload"
     assert not (load_config(SIM, sets).state_dir / "progress.json").exists()
+
+
+async def test_a_fleet_that_refuses_everything_stops_the_run_instead_of_retrying_for_ever(
+    closed_server: str, tmp_path: Path
+) -> None:
+    # No token: every request is refused with the same 401. Once the whole fleet has
+    # refused everything for `refusal_stop_s`, the run stops as if asked, and says why.
+    config = run_config(
+        tmp_path / "run", f'inference.urls=["{closed_server}"]', "inference.refusal_stop_s=1.0"
+    )
+    with structlog.testing.capture_logs() as logs, trio.fail_after(60):
+        outcome = await launch_run(config)
+    refused = outcome.state.dispatch.refused
+    assert outcome.stopped and refused is not None
+    assert refused.startswith("every inference server refused every request for 1 s")
+    assert "the server wants a bearer token: set [inference] api_key_env or api_key_file" in refused
+    assert outcome.state.shipping.next_step == 1
+    # It stopped within about a second of refusals, not after thousands of them.
+    assert outcome.state.dispatch.failures["unauthorized"] < 2000
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == [
+        "the fleet refuses every request: ending the run"
+    ]
+
+
+async def test_run_ends_a_refused_fleet_with_exit_2_and_one_line(
+    closed_server: str, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    sets = [
+        f'run_dir="{run_dir}"',
+        f'inference.urls=["{closed_server}"]',
+        "inference.refusal_stop_s=1.0",
+        f"max_steps={STEPS}",
+        "sim.inference_servers=0",
+        "sim.trainer=false",
+    ]
+    command = [sys.executable, "-m", "orchestrator.cli", "run", "--config", str(SIM)]
+    command += [arg for s in sets for arg in ("--set", s)]
+    with trio.fail_after(90):
+        done = await trio.run_process(
+            command, capture_stdout=True, capture_stderr=True, check=False
+        )
+    err = done.stderr.decode()
+    assert done.returncode == 2, err[-3000:]
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(
+        "orchestrator run: error: every inference server refused every request for "
+    ), last
+    assert last.endswith(f"{closed_server}: HTTP 401"), last
+    # Stopped as if asked: the summary was printed and the progress saved for a resume.
+    assert "== run summary ==" in err
+    assert any(run_dir.rglob("progress.json"))

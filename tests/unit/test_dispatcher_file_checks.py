@@ -45,6 +45,7 @@ def dispatcher(state: RunState, root: Path) -> Dispatcher:
         payload=SimpleNamespace(fields=()),
         staleness=state.staleness,
         batch=SimpleNamespace(size=4, group_size=2),
+        inference=SimpleNamespace(refusal_stop_s=30.0),
     )
     return Dispatcher(
         config, state, unused, unused, unused, unused, trio.CapacityLimiter(1), unused
