@@ -407,12 +407,7 @@ async def open_reward_pool(
     if not (timeout_s > 0 and math.isfinite(timeout_s)):
         raise ValueError(f"a reward pool's timeout must be positive and finite, not {timeout_s}")
     paths = tuple(dict.fromkeys(spec.path for spec in preload))
-    async with trio_parallel.open_worker_context(
-        # Idle workers are kept: starting one costs seconds.
-        idle_timeout=math.inf,
-        init=functools.partial(_start_worker, paths),
-        grace_period=_WORKER_GRACE_PERIOD_S,
-    ) as context:
+    async with _worker_context(paths) as context:
         try:
             async with trio.open_nursery() as nursery:
                 yield RewardPool(
@@ -432,12 +427,47 @@ async def open_reward_pool(
             raise
 
 
-def _start_worker(paths: Sequence[str]) -> None:
-    """A worker's start-up: below the daemon in the scheduler's eyes, then the imports.
+@asynccontextmanager
+async def _worker_context(paths: Sequence[str]) -> AsyncIterator[trio_parallel.WorkerContext]:
+    """trio-parallel's worker context, whose end never raises for the workers' exits.
 
-    Rewards are throughput work and the event loop is the latency that keeps the servers
-    fed: where both want the same cores, the loop goes first. (Without contention a
-    niceness changes nothing.)"""
+    Its graceful shutdown raises `BrokenWorkerError` when a worker did not exit
+    cleanly (killed from outside: the OOM killer, an operator; or, before the workers
+    ignored them, the SIGTERM that systemd or `timeout` sends the whole process group).
+    The pool is over either way, and its calls were settled: a warning, not a traceback
+    at the end of the daemon's stop.
+    """
+    manager = trio_parallel.open_worker_context(
+        # Idle workers are kept: starting one costs seconds.
+        idle_timeout=math.inf,
+        init=functools.partial(_start_worker, paths),
+        grace_period=_WORKER_GRACE_PERIOD_S,
+    )
+    context = await manager.__aenter__()
+    try:
+        yield context
+    except BaseException as exc:
+        if not await manager.__aexit__(type(exc), exc, exc.__traceback__):
+            raise
+        return
+    try:
+        await manager.__aexit__(None, None, None)
+    except trio_parallel.BrokenWorkerError as exc:
+        log.warning("reward workers did not stop cleanly", error=str(exc.args[0]))
+
+
+def _start_worker(paths: Sequence[str]) -> None:
+    """A worker's start-up: deaf to the stop signals, below the daemon in the scheduler's
+    eyes, then the imports.
+
+    The daemon stops its workers itself (trio-parallel kills one with SIGKILL when it
+    must): SIGTERM or SIGINT sent to the whole process group (systemd's stop, `timeout`,
+    Ctrl-C in a terminal) would otherwise kill them under the daemon's graceful stop, whose
+    scoring still needs them. Rewards are throughput work and the event loop is the
+    latency that keeps the servers fed: where both want the same cores, the loop goes
+    first. (Without contention a niceness changes nothing.)"""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(REWARD_WORKER_NICENESS)
     import_reward_functions(paths)
 

@@ -77,6 +77,11 @@ def niceness() -> float:
     return float(os.nice(0))
 
 
+def pid() -> float:
+    """The worker's process id."""
+    return float(os.getpid())
+
+
 _PREPARED_IN: list[int] = []
 
 

@@ -11,6 +11,7 @@ workers start with the parent's `sys.path`, as a user's reward folder reaches th
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import textwrap
 import time
@@ -277,3 +278,38 @@ async def test_an_error_of_the_callers_leaves_the_pool_as_it_was_raised() -> Non
     with pytest.raises(KeyError):
         async with open_reward_pool(1, 1.0):
             raise KeyError("the caller's")
+
+
+@pytest.mark.usefixtures("fixtures_on_path")
+async def test_workers_outlive_a_stop_signal_and_their_deaths_end_the_pool_quietly() -> None:
+    # A SIGTERM for the whole process group reaches the workers too: the daemon stops
+    # them itself, so they go on scoring. One killed from outside (the OOM killer) ends
+    # the pool with a warning, not with trio-parallel's BrokenWorkerProcessError.
+    pid = [fixture("pid")]
+    with capture_logs() as logs:
+        async with open_reward_pool(1, 10.0, preload=pid) as pool:
+            worker = int(await pool.score("capitals", pid, ARGUMENTS))
+            os.kill(worker, signal.SIGTERM)
+            os.kill(worker, signal.SIGINT)
+            await trio.sleep(0.2)
+            assert await pool.score("capitals", pid, ARGUMENTS) == worker
+            os.kill(worker, signal.SIGKILL)
+            with trio.fail_after(10):
+                while True:  # reaped by the pool's own shutdown below; wait for the death
+                    try:
+                        os.kill(worker, 0)
+                    except ProcessLookupError:
+                        break
+                    if _is_zombie(worker):
+                        break
+                    await trio.sleep(0.05)
+    warnings = [e for e in logs if e["event"] == "reward workers did not stop cleanly"]
+    assert len(warnings) == 1 and "Graceful shutdown failed" in warnings[0]["error"]
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True

@@ -48,9 +48,15 @@ SLOW = ("sim.time_per_token_s=1.0", 'metrics.listen="127.0.0.1:0"', "max_steps=5
 class Daemon:
     """A running `orchestrator run` whose stderr is read line by line as it comes."""
 
-    def __init__(self, command: list[str]) -> None:
+    def __init__(self, command: list[str], *, own_group: bool = False) -> None:
+        # `own_group`: a process group of its own (as systemd starts a service), so that
+        # a signal to the group reaches the daemon and every process it started.
         self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=own_group,
         )
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
@@ -101,14 +107,17 @@ def events(stderr: str) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def running(command: list[str]) -> Iterator[Daemon]:
-    daemon = Daemon(command)
+def running(command: list[str], *, own_group: bool = False) -> Iterator[Daemon]:
+    daemon = Daemon(command, own_group=own_group)
     try:
         yield daemon
     finally:
         if daemon.process.poll() is None:
             daemon.process.kill()
             daemon.process.wait()
+        if own_group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(daemon.process.pid, signal.SIGKILL)
         daemon._reader.join(timeout=10)
         assert daemon.process.stderr is not None
         daemon.process.stderr.close()
@@ -215,3 +224,24 @@ def test_a_second_sigterm_stops_at_once_with_the_summary(tmp_path: Path) -> None
     # Progress was still saved whole, and no temp file was left behind.
     json.loads((run_dir / "orchestrator" / "progress.json").read_text())
     assert not [p for p in (run_dir / "orchestrator").iterdir() if p.name.startswith(".tmp")]
+
+
+TASKS_DEMO = DEMO.parent / "demo.toml"
+
+
+def test_sigterm_to_the_whole_process_group_stops_without_a_traceback(tmp_path: Path) -> None:
+    # As `timeout` and systemd's default stop send it: to the daemon, its reward workers
+    # and its local fleet at once. The workers once died of it under the daemon's
+    # graceful stop, which then ended in trio-parallel's BrokenWorkerProcessError.
+    run_dir = tmp_path / "run"
+    command = run_command(TASKS_DEMO, run_dir, "max_steps=0")
+    with running(command, own_group=True) as daemon:
+        daemon.wait_for_event("shipped batch", timeout=120)
+        os.killpg(daemon.process.pid, signal.SIGTERM)
+        code, stderr = daemon.finish()
+    assert "Traceback" not in stderr, stderr[-4000:]
+    assert code == 0, stderr[-3000:]
+    stopped = [e for e in events(stderr) if e.get("event") == "stopped"]
+    assert stopped and stopped[0]["signal"] == "SIGTERM"
+    assert "reward workers did not stop cleanly" not in stderr
+    assert "FAIL" not in stderr
