@@ -95,7 +95,7 @@ def time_write(samples: list[TrainSample], step: int, base: Path, *, fsync: bool
 
 def publish_alone_lags(samples: list[TrainSample], step: int, base: Path) -> list[float]:
     """Lags of an otherwise idle event loop (the 1 ms monitor alone) while the batch is
-    published from a worker thread as the daemon does (`publish_batch_async`, fsync),
+    published from a worker thread as the daemon does (`publish_batch`, fsync),
     `REPEATS` times: what publishing costs the loop by itself (the interpreter lock, and
     the one core the daemon's threads share)."""
 
@@ -107,7 +107,10 @@ def publish_alone_lags(samples: list[TrainSample], step: int, base: Path) -> lis
             )
             for attempt in range(REPEATS):
                 await trio.sleep(0.1)
-                await handoff_store.publish_batch_async(base / f"alone-{attempt}", step, samples)
+                publish = functools.partial(
+                    handoff_store.publish_batch, base / f"alone-{attempt}", step, samples
+                )
+                await trio.to_thread.run_sync(publish)
             await trio.sleep(0.1)
             nursery.cancel_scope.cancel()
         return [lag for _, lag in lags.wakeups]

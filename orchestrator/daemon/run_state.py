@@ -278,11 +278,6 @@ class RunState:
         return self.staleness.may_ship(step, self.versions.applied)
 
     @property
-    def oldest_fresh_version(self) -> int:
-        """The oldest group start version the batch being filled may still take."""
-        return self.staleness.min_fresh_version(self.shipping.next_step)
-
-    @property
     def collecting_below(self) -> int:
         """The bound of the collection that follows applying the applied version: versions
         below it are deleted, or about to be (`versions.collected_below` once it ends)."""

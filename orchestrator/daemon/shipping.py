@@ -14,17 +14,15 @@ from collections.abc import Sequence
 
 import trio
 
-from orchestrator.config import Config
 from orchestrator.core.rollouts import TrainSample
 from orchestrator.handoff import (
     HandoffFormat,
     HandoffSettings,
     NothingToShip,
     Shipment,
-    handoff_format,
 )
 
-__all__ = ["NothingToShip", "Shipment", "ship_step", "shipped_steps_of"]
+__all__ = ["NothingToShip", "Shipment", "ship_step"]
 
 
 async def ship_step(
@@ -41,9 +39,3 @@ async def ship_step(
     """
     ship = functools.partial(handoff.ship, settings, step, samples)
     return await trio.to_thread.run_sync(ship)
-
-
-def shipped_steps_of(config: Config) -> list[int]:
-    """The steps shipped in the config's batches directory and format, sorted. Blocking.
-    Raises OSError when the directory exists but cannot be listed."""
-    return handoff_format(config.trainer.format).shipped_steps(config.handoff_settings)

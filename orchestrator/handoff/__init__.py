@@ -45,7 +45,6 @@ from orchestrator.handoff.native import decode_batch as decode_batch
 from orchestrator.handoff.native import encode_batch as encode_batch
 from orchestrator.handoff.native import is_complete_batch as is_complete_batch
 from orchestrator.handoff.native import publish_batch as publish_batch
-from orchestrator.handoff.native import publish_batch_async as publish_batch_async
 from orchestrator.handoff.native import read_batch as read_batch
 from orchestrator.handoff.native import read_batch_file as read_batch_file
 from orchestrator.handoff.native import shipped_steps as shipped_steps
@@ -134,7 +133,6 @@ __all__ = [
     "newest_published_version",
     "parse_step_dir",
     "publish_batch",
-    "publish_batch_async",
     "publish_weights",
     "published_versions",
     "read_batch",

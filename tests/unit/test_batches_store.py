@@ -6,7 +6,6 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-import trio
 
 from orchestrator.handoff import (
     BATCH_FILE,
@@ -15,7 +14,6 @@ from orchestrator.handoff import (
     batch_step_dir,
     is_complete_batch,
     publish_batch,
-    publish_batch_async,
     read_batch_file,
     remove_partial_batches,
     shipped_steps,
@@ -158,14 +156,6 @@ def test_remove_partial_batches_only_touches_temp_entries(tmp_path: Path) -> Non
     assert remove_partial_batches(tmp_path) == 3
     assert names(tmp_path) == ["notes.txt", "step_000001"]
     assert (outside / "keep.txt").read_text() == "keep"
-
-
-async def test_publish_batch_async_runs_in_a_thread(tmp_path: Path) -> None:
-    limiter = trio.CapacityLimiter(1)
-    batch_dir = await publish_batch_async(tmp_path, 2, [sample()], fsync=False, limiter=limiter)
-    assert read_batch_file(batch_dir / BATCH_FILE).step == 2
-    with pytest.raises(BatchExists):
-        await publish_batch_async(tmp_path, 2, [sample()])
 
 
 def test_an_empty_dir_at_the_final_name_is_not_a_shipped_batch(tmp_path: Path) -> None:

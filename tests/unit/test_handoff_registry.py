@@ -16,7 +16,7 @@ import trio
 
 from orchestrator.commands.check_config import derived_values_comment
 from orchestrator.config import Config, ConfigError, InferenceConfig, TrainerConfig, load_config
-from orchestrator.daemon.shipping import ship_step, shipped_steps_of
+from orchestrator.daemon.shipping import ship_step
 from orchestrator.daemon.startup import find_start_point
 from orchestrator.errors import UserError
 from orchestrator.handoff import (
@@ -199,7 +199,7 @@ async def test_the_daemon_ships_and_lists_through_the_format(
     assert [drop.rollout_id for drop in shipment.dropped] == ["lost"]
     assert toy.shipped_with == [run.handoff_settings]
     assert json.loads((shipment.path / TOY_FILE).read_text()) == ["a", "b"]
-    assert shipped_steps_of(run) == [3]
+    assert handoff_format("toy").shipped_steps(run.handoff_settings) == [3]
     # Native's listing does not see the toy's steps.
     assert shipped_steps_in(run.batches_dir) == []
     assert shipped_steps_in(run.batches_dir, batch_format="toy") == [3]

@@ -14,7 +14,6 @@ from unittest import mock
 import numpy as np
 import pytest
 import structlog
-import trio
 
 from orchestrator.core.environments import DEFAULT_TEMPERATURE
 from orchestrator.core.rollouts import GroupResult, RolloutResult, Sample, TrainSample
@@ -30,7 +29,6 @@ from orchestrator.handoff.primerl import (
     NothingToShip,
     decode_rank_file,
     publish_primerl_step,
-    publish_primerl_step_async,
     shipped_primerl_steps,
     unfinished_primerl_steps,
 )
@@ -361,22 +359,6 @@ def test_start_up_refuses_steps_it_did_not_ship_for_these_ranks(tmp_path: Path, 
         tmp_path / "new", tmp_path / "state", batch_format="prime-rl", data_world_size=2
     )
     assert (fresh.resume_step, fresh.resumed) == (0, False)
-
-
-async def test_the_async_twin_runs_in_a_worker_thread(tmp_path: Path, root: Path) -> None:
-    samples = [by_handle(root, i, 20) for i in range(3)]
-    shipped = await publish_primerl_step_async(
-        tmp_path,
-        1,
-        samples,
-        data_world_size=2,
-        seq_len=SEQ_LEN,
-        env_name="chat",
-        fsync=True,
-        limiter=trio.CapacityLimiter(1),
-    )
-    assert shipped.samples == 3
-    assert manifest(shipped.path)["env_name"] == "chat"
 
 
 def test_bad_arguments_are_refused_before_anything_is_written(tmp_path: Path) -> None:

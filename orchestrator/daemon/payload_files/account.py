@@ -90,10 +90,6 @@ class PayloadAccount:
         self.bytes -= size
         return files, size
 
-    def version_bytes(self, version: int) -> int:
-        """The bytes counted in `v<version>`."""
-        return sum(self._versions.get(version, {}).values())
-
     def versions(self) -> list[int]:
         """The versions holding counted files, in order."""
         return sorted(self._versions)

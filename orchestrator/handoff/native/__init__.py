@@ -27,7 +27,6 @@ from orchestrator.handoff.native.reader import read_batch as read_batch
 from orchestrator.handoff.native.store import batch_step_dir as batch_step_dir
 from orchestrator.handoff.native.store import is_complete_batch as is_complete_batch
 from orchestrator.handoff.native.store import publish_batch as publish_batch
-from orchestrator.handoff.native.store import publish_batch_async as publish_batch_async
 from orchestrator.handoff.native.store import shipped_steps as shipped_steps
 
 __all__ = [
@@ -48,7 +47,6 @@ __all__ = [
     "encode_batch",
     "is_complete_batch",
     "publish_batch",
-    "publish_batch_async",
     "read_batch",
     "read_batch_file",
     "shipped_steps",

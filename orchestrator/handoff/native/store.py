@@ -10,12 +10,9 @@ loses a batch. A shipped batch is never rewritten.
 from __future__ import annotations
 
 import errno
-import functools
 import time
 from collections.abc import Sequence
 from pathlib import Path
-
-import trio
 
 from orchestrator.core.rollouts import TrainSample
 from orchestrator.handoff.durable import BatchExists, publish_step_dir
@@ -42,7 +39,7 @@ def publish_batch(
     written), fsyncs the file and the temp directory, renames the temp directory to
     `step_NNNNNN` and fsyncs `batches_dir` (with `fsync=False` it skips the fsyncs, for
     tests and benchmarks). Creates `batches_dir` when missing. Blocking; a worker thread
-    running it stalls an event loop for milliseconds at most (`publish_batch_async`).
+    running it stalls an event loop for milliseconds at most (the daemon ships from one).
 
     An empty directory at the final name (not a shipped batch) is replaced.
 
@@ -63,21 +60,6 @@ def publish_batch(
         fsync=fsync,
     )
     return final_dir
-
-
-async def publish_batch_async(
-    batches_dir: Path,
-    step: int,
-    samples: Sequence[TrainSample],
-    *,
-    fsync: bool = True,
-    limiter: trio.CapacityLimiter | None = None,
-) -> Path:
-    """`publish_batch` in a worker thread (bounded by `limiter` when given)."""
-    return await trio.to_thread.run_sync(
-        functools.partial(publish_batch, batches_dir, step, samples, fsync=fsync),
-        limiter=limiter,
-    )
 
 
 def is_complete_batch(batch_dir: Path) -> bool:

@@ -28,9 +28,6 @@ from orchestrator.handoff.primerl.store import (
 )
 from orchestrator.handoff.primerl.store import primerl_step_dir as primerl_step_dir
 from orchestrator.handoff.primerl.store import publish_primerl_step as publish_primerl_step
-from orchestrator.handoff.primerl.store import (
-    publish_primerl_step_async as publish_primerl_step_async,
-)
 from orchestrator.handoff.primerl.store import rank_file_name as rank_file_name
 from orchestrator.handoff.primerl.store import shipped_primerl_steps as shipped_primerl_steps
 from orchestrator.handoff.primerl.store import (
@@ -55,7 +52,6 @@ __all__ = [
     "pack_step",
     "primerl_step_dir",
     "publish_primerl_step",
-    "publish_primerl_step_async",
     "rank_file_name",
     "ranks_ready",
     "read_primerl_step",

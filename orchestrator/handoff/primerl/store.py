@@ -47,7 +47,6 @@ are), "inline" or "none"; `padding` marks a zero-loss copy that pads a rank's co
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import os
 import time
@@ -58,7 +57,6 @@ from typing import Any
 import attrs
 import numpy as np
 import structlog
-import trio
 
 from orchestrator.core.rollouts import TrainSample
 from orchestrator.handoff.dropped import DroppedSample, NothingToShip
@@ -92,7 +90,6 @@ __all__ = [
     "is_complete_primerl_step",
     "primerl_step_dir",
     "publish_primerl_step",
-    "publish_primerl_step_async",
     "rank_file_name",
     "shipped_primerl_steps",
     "unfinished_primerl_steps",
@@ -245,31 +242,6 @@ def publish_primerl_step(
         tokens=tokens,
         dropped=tuple(dropped),
     )
-
-
-async def publish_primerl_step_async(
-    rollouts_dir: Path,
-    step: int,
-    samples: Sequence[TrainSample],
-    *,
-    data_world_size: int,
-    seq_len: int,
-    env_name: str,
-    fsync: bool = True,
-    limiter: trio.CapacityLimiter | None = None,
-) -> PrimeRLStep:
-    """`publish_primerl_step` in a worker thread (bounded by `limiter` when given)."""
-    publish = functools.partial(
-        publish_primerl_step,
-        rollouts_dir,
-        step,
-        samples,
-        data_world_size=data_world_size,
-        seq_len=seq_len,
-        env_name=env_name,
-        fsync=fsync,
-    )
-    return await trio.to_thread.run_sync(publish, limiter=limiter)
 
 
 def _packed_samples(
