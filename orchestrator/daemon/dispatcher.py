@@ -123,16 +123,15 @@ class Dispatcher:
 
     def _may_start(self) -> bool:
         state = self.state
-        limit = state.limits.rollouts
         pipe = Pipe(
             applied_version=state.versions.applied,
             next_step=state.shipping.filling_step,
             # Eval rollouts take their share of the limit (docs/design.md § Evals).
             inflight_rollouts=state.dispatch.inflight_rollouts + state.evaluation.inflight,
             queued_samples=self.sink.queued_samples,
-            limit=self.config.inference.max_inflight if limit is None else limit,
+            limit=state.limits.in_force(self.config.inference.max_inflight),
             min_allowance=state.limits.min_allowance,
-            ending=state.dispatch.stopping or state.shipping.done,
+            ending=state.training_over,
         )
         return self._gate.may_start(pipe)
 

@@ -195,18 +195,17 @@ class Evaluator:
                 break
             await state.wait_changed()
         evaluation.inflight += 1
-        if not (state.shipping.done or state.dispatch.stopping):
+        if not state.training_over:
             evaluation.peak_inflight = max(evaluation.peak_inflight, evaluation.inflight)
         self.pool.load[server] += 1
         return server
 
     def _capacity(self) -> int:
         state = self.state
-        limit = state.limits.rollouts
         return eval_capacity(
             self.config.eval.inflight_share,
-            self.config.inference.max_inflight if limit is None else limit,
-            training_over=state.shipping.done or state.dispatch.stopping,
+            state.limits.in_force(self.config.inference.max_inflight),
+            training_over=state.training_over,
         )
 
     async def _run_one(

@@ -171,6 +171,10 @@ class InflightLimits:
     # runs before it is stale.
     min_allowance: int = 0
 
+    def in_force(self, max_inflight: int) -> int:
+        """The limit on rollouts in flight now (`max_inflight` until admission set one)."""
+        return max_inflight if self.rollouts is None else self.rollouts
+
 
 @attrs.define
 class PayloadLedger:
@@ -272,6 +276,11 @@ class RunState:
         return self.changes.changed()
 
     # -- what follows from the parts and the staleness rule -------------------------------
+
+    @property
+    def training_over(self) -> bool:
+        """No batch is filled any more: the last one shipped, or the run is stopping."""
+        return self.dispatch.stopping or self.shipping.done
 
     def may_ship(self, step: int) -> bool:
         """The `max_async_steps` gate for batch `step`, at the applied version."""

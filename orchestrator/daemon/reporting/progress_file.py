@@ -33,8 +33,7 @@ class RunFigures:
 
     @property
     def inflight_limit(self) -> int:
-        limit = self.state.limits.rollouts
-        return self.max_inflight if limit is None else limit
+        return self.state.limits.in_force(self.max_inflight)
 
     def snapshot(self) -> RunSnapshot:
         """What the stall watch and the progress line read of the run now."""

@@ -48,7 +48,7 @@ def snapshot(state: RunState, sink: TrainSink, *, needed: int, inflight_limit: i
         needed=needed,
         gate_open=state.may_ship(step),
         applied_version=state.versions.applied,
-        idle=dispatch.stopping or state.shipping.done,
+        idle=state.training_over,
         discards=sink.counters,
         failures=dict(dispatch.failures),
         texts=dispatch.rejections.texts(),
