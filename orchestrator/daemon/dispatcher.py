@@ -93,7 +93,7 @@ class Dispatcher:
                 group_id = f"g{dispatch.prompts_drawn:07d}-{prompt.prompt_id}"
                 # Counted here, not in the task, so the gate sees it before the next pass.
                 dispatch.inflight_rollouts += self.config.batch.group_size
-                self.pool.load[server] += self.config.batch.group_size
+                self.pool.pin(server, self.config.batch.group_size)
                 nursery.start_soon(
                     self._run_group,
                     group_id,
@@ -174,7 +174,7 @@ class Dispatcher:
                         nursery.start_soon(self._run_member, runs, index, group, prompt)
         finally:
             del dispatch.groups[group_id]
-            self.pool.load[server] -= size
+            self.pool.unpin(server, size)
             state.notify()
         if dispatch.stopping:
             # The run is over: nothing this group made can ship. Its files lie in versions

@@ -197,7 +197,7 @@ class Evaluator:
         evaluation.inflight += 1
         if not state.training_over:
             evaluation.peak_inflight = max(evaluation.peak_inflight, evaluation.inflight)
-        self.pool.load[server] += 1
+        self.pool.pin(server, 1)
         return server
 
     def _capacity(self) -> int:
@@ -223,7 +223,7 @@ class Evaluator:
             run = await self._runner.run(rollout_id, prompt, episode, server, self._never)
         finally:
             evaluation.inflight -= 1
-            self.pool.load[server] -= 1
+            self.pool.unpin(server, 1)
             state.notify()
         completion_tokens = sum(len(turn.completion_ids) for _, turn in run.turns)
         if run.failed is not None:

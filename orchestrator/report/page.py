@@ -4,13 +4,12 @@ fetched) or one PNG, written atomically next to the run."""
 from __future__ import annotations
 
 import html
-import os
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from orchestrator.handoff import replace_file_atomically
 from orchestrator.report.figures import plot_svg, plots_for, plots_png
 from orchestrator.report.records import Record, RunRecords
 
@@ -127,13 +126,6 @@ def write_report(records: RunRecords, out: Path, *, fmt: ReportFormat, title: st
     Blocking. Raises OSError."""
     data = plots_png(records) if fmt == "png" else render_html(records, title=title).encode()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-        os.chmod(temp, 0o644)
-        os.replace(temp, out)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    # A page redrawn at will: no fsync (a crash loses at most this drawing).
+    replace_file_atomically(out, data, fsync=False)
     return out

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from payload_gc import FileRemoval
 
 from orchestrator.daemon.payload_files.account import PayloadAccount, payload_file_key
-from orchestrator.daemon.run_state import PayloadLedger
+from orchestrator.daemon.payload_files.ledger import PayloadLedger
 
 ROOT = Path("/runs/x/payloads")
 

@@ -55,6 +55,14 @@ class ServerPool:
         healthy = self.healthy()
         return min(healthy, key=lambda url: self.load[url]) if healthy else None
 
+    def pin(self, url: str, rollouts: int) -> None:
+        """`rollouts` more run on `url` (what `pick` weighs)."""
+        self.load[url] += rollouts
+
+    def unpin(self, url: str, rollouts: int) -> None:
+        """`rollouts` that ran on `url` ended."""
+        self.load[url] -= rollouts
+
     def mark_down(self, url: str, reason: str) -> None:
         if url not in self.down_since:
             self.down_since[url] = trio.current_time()

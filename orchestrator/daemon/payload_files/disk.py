@@ -29,7 +29,7 @@ from payload_gc import (
 )
 
 from orchestrator.daemon.payload_files.account import payload_file_key
-from orchestrator.daemon.run_state import PayloadLedger
+from orchestrator.daemon.payload_files.ledger import PayloadLedger
 
 log = structlog.get_logger(__name__)
 
