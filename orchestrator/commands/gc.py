@@ -26,7 +26,7 @@ import attrs
 if TYPE_CHECKING:
     from payload_gc import CollectionPlan, CollectionReport
 
-    from orchestrator.commands.inspect import RunSnapshot
+    from orchestrator.commands.inspect import RunOnDisk
 
 HELP = "run one payload collection from the run's saved state (--dry-run: only show it)"
 
@@ -70,14 +70,14 @@ def run(args: argparse.Namespace) -> int:
 
     from payload_gc import PayloadGCError, collect_below_sync, plan_root
 
-    from orchestrator.commands.inspect import list_payload_root, read_run_snapshot
+    from orchestrator.commands.inspect import list_payload_root, read_run_on_disk
     from orchestrator.config import config_from_args
     from orchestrator.errors import UserError
 
     config = config_from_args(args)
     if args.measure_kept and not args.dry_run:
         raise UserError("--measure-kept goes with --dry-run (a real run measures nothing kept)")
-    run_bound = bound_from_state(read_run_snapshot(config, source=str(args.config)))
+    run_bound = bound_from_state(read_run_on_disk(config, source=str(args.config)))
     root = str(config.payload_root)
     now = time.time()
     try:
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if report.errors else 0
 
 
-def bound_from_state(snapshot: RunSnapshot) -> RunBound:
+def bound_from_state(snapshot: RunOnDisk) -> RunBound:
     """The collection bound the run's saved progress allows.
 
     Raises UserError when there is no readable progress: then no applied version is

@@ -39,14 +39,14 @@ from orchestrator.handoff import (
 __all__ = [
     "DaemonLock",
     "RunMissing",
-    "RunSnapshot",
+    "RunOnDisk",
     "format_as_of",
     "format_table",
     "format_version",
     "human_bytes",
     "list_payload_root",
     "probe_daemon_lock",
-    "read_run_snapshot",
+    "read_run_on_disk",
 ]
 
 # The holder line `hold_run_lock` writes is short; read a little more to be safe.
@@ -171,7 +171,7 @@ def _holder_line(fd: int) -> str | None:
 
 
 @attrs.frozen
-class RunSnapshot:
+class RunOnDisk:
     """What a run's files say, each read once.
 
     `shipped_step` is the last complete batch directory (0: none shipped);
@@ -202,7 +202,7 @@ class RunSnapshot:
         return self.state_dir / PROGRESS_FILE
 
 
-def read_run_snapshot(config: Config, *, source: str = "the config") -> RunSnapshot:
+def read_run_on_disk(config: Config, *, source: str = "the config") -> RunOnDisk:
     """Read the state of the run `config` describes from its files.
 
     Raises RunMissing when the run directory does not exist (naming `source`, the config
@@ -222,7 +222,7 @@ def read_run_snapshot(config: Config, *, source: str = "the config") -> RunSnaps
         batch_format=config.trainer.format,
         data_world_size=config.trainer.data_world_size,
     )
-    return RunSnapshot(
+    return RunOnDisk(
         run_dir=config.run_dir,
         state_dir=config.state_dir,
         batches_dir=config.batches_dir,

@@ -20,7 +20,7 @@ import attrs
 if TYPE_CHECKING:
     from payload_gc import CollectionPlan, RootEntry
 
-    from orchestrator.commands.inspect import DaemonLock, RunSnapshot
+    from orchestrator.commands.inspect import DaemonLock, RunOnDisk
     from orchestrator.handoff import Progress
 
 HELP = "show a run's step, versions, daemon and per-version payload disk use, from disk"
@@ -40,11 +40,11 @@ def run(args: argparse.Namespace) -> int:
     the output, not as an error."""
     import time
 
-    from orchestrator.commands.inspect import read_run_snapshot
+    from orchestrator.commands.inspect import read_run_on_disk
     from orchestrator.config import config_from_args
 
     config = config_from_args(args)
-    snapshot = read_run_snapshot(config, source=str(args.config))
+    snapshot = read_run_on_disk(config, source=str(args.config))
     payload = survey_payload_root(snapshot)
     now = time.time()
     if args.json:
@@ -105,7 +105,7 @@ def totals(rows: Iterable[PayloadRow]) -> dict[str, int]:
     }
 
 
-def survey_payload_root(snapshot: RunSnapshot) -> PayloadSurvey:
+def survey_payload_root(snapshot: RunOnDisk) -> PayloadSurvey:
     """Measure the payload root (one scan through payload_gc) and plan the next collection
     on it: the one after `v{applied + 1}` is applied. Deletes nothing. Blocking.
 
@@ -199,7 +199,7 @@ def _row_order(row: PayloadRow) -> tuple[int, int, str]:
 # -- JSON ------------------------------------------------------------------------------
 
 
-def status_document(snapshot: RunSnapshot, payload: PayloadSurvey, now: float) -> dict[str, Any]:
+def status_document(snapshot: RunOnDisk, payload: PayloadSurvey, now: float) -> dict[str, Any]:
     """The status as one JSON-ready document (the same facts as the text)."""
     progress = snapshot.progress
     next_collection = None
@@ -256,7 +256,7 @@ def _progress_json(progress: Progress, now: float) -> dict[str, Any]:
     }
 
 
-def _shipping_json(snapshot: RunSnapshot, progress: Progress, now: float) -> dict[str, Any]:
+def _shipping_json(snapshot: RunOnDisk, progress: Progress, now: float) -> dict[str, Any]:
     quiet = quiet_seconds(progress, now)
     return {
         "quiet_s": None if quiet is None else round(quiet, 1),
@@ -276,7 +276,7 @@ def quiet_seconds(progress: Progress, now: float) -> float | None:
     return None if since <= 0 else now - since
 
 
-def is_stalled(snapshot: RunSnapshot, progress: Progress, now: float) -> bool:
+def is_stalled(snapshot: RunOnDisk, progress: Progress, now: float) -> bool:
     """Whether a daemon that may be running has shipped nothing for `stall_warning_s`."""
     quiet = quiet_seconds(progress, now)
     return (
@@ -287,7 +287,7 @@ def is_stalled(snapshot: RunSnapshot, progress: Progress, now: float) -> bool:
     )
 
 
-def describe_shipping(snapshot: RunSnapshot, progress: Progress, now: float) -> str | None:
+def describe_shipping(snapshot: RunOnDisk, progress: Progress, now: float) -> str | None:
     """One line on shipping: `no batch shipped for 45 s; most discards: untrainable (4512);
     most common error: malformed: ... (903x)` when stalled, else when the last batch
     shipped. None for a progress file without these times."""
@@ -337,7 +337,7 @@ def _payload_json(payload: PayloadSurvey) -> dict[str, Any]:
 # -- text ------------------------------------------------------------------------------
 
 
-def render_status(snapshot: RunSnapshot, payload: PayloadSurvey, now: float) -> str:
+def render_status(snapshot: RunOnDisk, payload: PayloadSurvey, now: float) -> str:
     """The status for people: the run's facts, then the payload root's table."""
     from orchestrator.commands.inspect import format_version
 
@@ -373,7 +373,7 @@ def _describe_daemon(daemon: DaemonLock) -> str:
     return f"not running (last: {daemon.holder})"
 
 
-def _describe_shipped(snapshot: RunSnapshot) -> str:
+def _describe_shipped(snapshot: RunOnDisk) -> str:
     text = f"step {snapshot.shipped_step}" if snapshot.shipped_step else "none"
     progress = snapshot.progress
     if progress is not None and progress.step != snapshot.shipped_step:
@@ -454,7 +454,7 @@ def _failure_facts(progress: Progress) -> list[tuple[str, str]]:
     return [("failures", failures)] if failures else []
 
 
-def _describe_next(snapshot: RunSnapshot, payload: PayloadSurvey) -> str:
+def _describe_next(snapshot: RunOnDisk, payload: PayloadSurvey) -> str:
     from orchestrator.commands.inspect import format_version
 
     if payload.next_bound is None or snapshot.progress is None:

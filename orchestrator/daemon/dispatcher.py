@@ -19,7 +19,7 @@ import trio.lowlevel
 from payload_gc import PayloadGCError, PayloadRootFiles
 
 from orchestrator.config import Config
-from orchestrator.core.admission import DispatchGate, Pipe
+from orchestrator.core.dispatch_gate import DispatchGate, Pipe
 from orchestrator.core.environments import Environment, Prompt, PromptSkipped, ScoreFailed
 from orchestrator.core.refusals import RefusalWatch
 from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult

@@ -1,12 +1,20 @@
 """The shipper: every batch the sink can fill and the staleness gate allows goes to the
 trainer as soon as it can (docs/design.md §3, §5), in the hand-off format the daemon was
-given (`orchestrator.daemon.shipping`), with one canonical `shipped batch` line and one
-line of `<run_dir>/steps.jsonl` (what `orchestrator report` draws)."""
+given (`run_daemon`'s `handoff`, the registry's format for `[trainer] format`), with one
+canonical `shipped batch` line and one line of `<run_dir>/steps.jsonl` (what
+`orchestrator report` draws).
+
+The format writes the step from the samples, in a worker thread (`ship_step`): "native"
+`<batches_dir>/step_000007/batch.bin`, "prime-rl" prime-rl's `<rollouts_dir>/step_7/rank_R.bin`
+per data rank (reading the routed experts in that thread). The shipper only sees a
+`Shipment`."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -21,8 +29,7 @@ from orchestrator.daemon.payload_files.disk import PayloadDeleter
 from orchestrator.daemon.reporting.progress_file import ProgressFile, RunFigures
 from orchestrator.daemon.reporting.run_lines import RunLines
 from orchestrator.daemon.run_state import RunState
-from orchestrator.daemon.shipping import NothingToShip, Shipment, ship_step
-from orchestrator.handoff import HandoffFormat
+from orchestrator.handoff import HandoffFormat, HandoffSettings, NothingToShip, Shipment
 
 log = structlog.get_logger(__name__)
 
@@ -150,3 +157,19 @@ class Shipper:
 
 def _mean(values: list[float] | list[int]) -> float | None:
     return round(sum(values) / len(values), 6) if values else None
+
+
+async def ship_step(
+    handoff: HandoffFormat,
+    settings: HandoffSettings,
+    step: int,
+    samples: Sequence[TrainSample],
+) -> Shipment:
+    """Ship step `step` of `samples` in `handoff`'s format, in a worker thread.
+
+    Raises `BatchExists` when the step was shipped already, `NothingToShip` when the
+    format dropped every sample (no payload could be read; nothing written), OSError
+    when writing fails.
+    """
+    ship = functools.partial(handoff.ship, settings, step, samples)
+    return await trio.to_thread.run_sync(ship)

@@ -16,18 +16,18 @@ hand-off and the file byte for byte for trainers in other codebases.
 """
 
 from orchestrator.core.rollouts import TrainSample as TrainSample
+from orchestrator.handoff.contract import BatchFormat as BatchFormat
+from orchestrator.handoff.contract import HandoffFormat as HandoffFormat
+from orchestrator.handoff.contract import HandoffSettings as HandoffSettings
+from orchestrator.handoff.contract import Shipment as Shipment
+from orchestrator.handoff.contract import StepProblem as StepProblem
+from orchestrator.handoff.contract import StepRead as StepRead
 from orchestrator.handoff.dropped import DroppedSample as DroppedSample
 from orchestrator.handoff.dropped import NothingToShip as NothingToShip
 from orchestrator.handoff.durable import PARTIAL_BATCH_PREFIX as PARTIAL_BATCH_PREFIX
 from orchestrator.handoff.durable import BatchExists as BatchExists
 from orchestrator.handoff.durable import remove_partial_batches as remove_partial_batches
 from orchestrator.handoff.durable import replace_file_atomically as replace_file_atomically
-from orchestrator.handoff.formats import BatchFormat as BatchFormat
-from orchestrator.handoff.formats import HandoffFormat as HandoffFormat
-from orchestrator.handoff.formats import HandoffSettings as HandoffSettings
-from orchestrator.handoff.formats import Shipment as Shipment
-from orchestrator.handoff.formats import StepProblem as StepProblem
-from orchestrator.handoff.formats import StepRead as StepRead
 from orchestrator.handoff.native import BATCH_FILE as BATCH_FILE
 from orchestrator.handoff.native import BATCH_FORMAT as BATCH_FORMAT
 from orchestrator.handoff.native import FORMAT_VERSION as FORMAT_VERSION

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.handoff.formats import BatchFormat, HandoffFormat, HandoffSettings
+from orchestrator.handoff.contract import BatchFormat, HandoffFormat, HandoffSettings
 from orchestrator.handoff.native import NATIVE_FORMAT
 from orchestrator.handoff.primerl import PRIME_RL_FORMAT
 

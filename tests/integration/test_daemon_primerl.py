@@ -14,7 +14,7 @@ import pytest
 import structlog.testing
 import trio
 
-from orchestrator.commands.inspect import read_run_snapshot
+from orchestrator.commands.inspect import read_run_on_disk
 from orchestrator.commands.launch import launch_run
 from orchestrator.commands.summary import check_invariants
 from orchestrator.config import Config, load_config
@@ -112,7 +112,7 @@ async def test_the_daemon_ships_prime_rl_steps_by_handle_for_two_ranks(tmp_path:
     assert outcome.state.versions.collected_below == 2
     assert outcome.state.payload.files_deleted["collection"] > 0
     # `orchestrator status` counts prime-rl steps as shipped.
-    snapshot = read_run_snapshot(config)
+    snapshot = read_run_on_disk(config)
     assert (snapshot.shipped_step, snapshot.published_version) == (4, 4)
 
 

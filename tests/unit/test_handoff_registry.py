@@ -16,7 +16,7 @@ import trio
 
 from orchestrator.commands.check_config import derived_values_comment
 from orchestrator.config import Config, ConfigError, InferenceConfig, TrainerConfig, load_config
-from orchestrator.daemon.shipping import ship_step
+from orchestrator.daemon.shipper import ship_step
 from orchestrator.daemon.startup import find_start_point
 from orchestrator.errors import UserError
 from orchestrator.handoff import (

@@ -100,7 +100,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_the_imports() -> None:
     graph = import_graph()
-    assert "orchestrator.core.staleness" in graph["orchestrator.core.admission"]
+    assert "orchestrator.core.staleness" in graph["orchestrator.core.dispatch_gate"]
     assert "payload_gc" in graph["orchestrator.core.staleness"]
 
 

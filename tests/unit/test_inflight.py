@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.core.admission import DispatchGate, Pipe
+from orchestrator.core.dispatch_gate import DispatchGate, Pipe
 from orchestrator.core.inflight import (
     MIN_GROUPS_PER_DECISION,
     InflightLimit,

@@ -18,7 +18,7 @@ from orchestrator.commands.inspect import (
     human_bytes,
     list_payload_root,
     probe_daemon_lock,
-    read_run_snapshot,
+    read_run_on_disk,
 )
 from orchestrator.config import Config, SimConfig, StalenessConfig
 from orchestrator.core.staleness import Staleness
@@ -181,11 +181,11 @@ def test_missing_run_dir(tmp_path: Path) -> None:
     with pytest.raises(
         RunMissing, match=r"run directory .*/nope does not exist \(run_dir in x.toml\)"
     ):
-        read_run_snapshot(_config(tmp_path / "nope"), source="x.toml")
+        read_run_on_disk(_config(tmp_path / "nope"), source="x.toml")
 
 
 def test_empty_run(tmp_path: Path) -> None:
-    snapshot = read_run_snapshot(_config(tmp_path))
+    snapshot = read_run_on_disk(_config(tmp_path))
     assert snapshot.shipped_step == 0
     assert snapshot.published_version == 0
     assert snapshot.progress is None
@@ -206,7 +206,7 @@ def test_snapshot_reads_batches_weights_and_progress(tmp_path: Path) -> None:
     (config.weights_dir / "step_000003").mkdir()  # no STABLE yet
     progress = Progress(step=2, applied_version=2, bound=0, updated_at=5.0)
     save_progress(config.state_dir, progress)
-    snapshot = read_run_snapshot(config)
+    snapshot = read_run_on_disk(config)
     assert (snapshot.shipped_step, snapshot.published_version) == (3, 2)
     assert snapshot.progress == progress
     assert snapshot.progress_problem is None
@@ -217,7 +217,7 @@ def test_unreadable_progress_is_told_from_missing(tmp_path: Path) -> None:
     config = _config(tmp_path)
     config.state_dir.mkdir()
     (config.state_dir / "progress.json").write_text(json.dumps({"step": 1}))
-    snapshot = read_run_snapshot(config)
+    snapshot = read_run_on_disk(config)
     assert (snapshot.progress, snapshot.progress_problem) == (None, "unreadable")
 
 
@@ -225,7 +225,7 @@ def test_unlistable_batches_dir_is_one_line(tmp_path: Path) -> None:
     config = _config(tmp_path)
     config.batches_dir.write_text("not a directory")
     with pytest.raises(UserError, match=r"^cannot list the batches directory .*batches: "):
-        read_run_snapshot(config)
+        read_run_on_disk(config)
 
 
 # -- the shallow root listing -----------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 import trio
 from scripted_servers import Call, ScriptedServers, answer
 
-from orchestrator.commands.inspect import read_run_snapshot
+from orchestrator.commands.inspect import read_run_on_disk
 from orchestrator.config import (
     Config,
     ConfigError,
@@ -200,7 +200,7 @@ def test_status_reads_the_latest_version_in_the_configured_layout(tmp_path: Path
         stable(weights_dir / f"step_{step}")
     stable(weights_dir / "step_000009")
     (weights_dir / "step_3").mkdir()  # no STABLE yet
-    assert read_run_snapshot(config).published_version == 2
+    assert read_run_on_disk(config).published_version == 2
 
 
 async def test_start_up_waits_for_the_version_in_the_prime_rl_layout(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import orchestrator.handoff.native.store as store
 from orchestrator.core.rollouts import TrainSample
 from orchestrator.errors import UserError
-from orchestrator.handoff.formats import HandoffSettings, Shipment, StepProblem, StepRead
+from orchestrator.handoff.contract import HandoffSettings, Shipment, StepProblem, StepRead
 from orchestrator.handoff.native.format import BATCH_FILE, LEGACY_BATCH_FILE, BatchError
 from orchestrator.handoff.native.reader import read_batch
 from orchestrator.handoff.step_dirs import StepLayout, complete_steps

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from orchestrator.core.rollouts import TrainSample
 from orchestrator.errors import UserError
+from orchestrator.handoff.contract import HandoffSettings, Shipment, StepProblem, StepRead
 from orchestrator.handoff.dropped import DroppedSample
-from orchestrator.handoff.formats import HandoffSettings, Shipment, StepProblem, StepRead
 from orchestrator.handoff.primerl.reader import ranks_ready, read_primerl_step
 from orchestrator.handoff.primerl.store import (
     MANIFEST_FILE,

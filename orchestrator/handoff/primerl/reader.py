@@ -29,7 +29,7 @@ import attrs
 import msgspec
 import numpy as np
 
-from orchestrator.handoff.formats import StepProblem
+from orchestrator.handoff.contract import StepProblem
 from orchestrator.handoff.primerl.rank_file import MicroBatch, decode_rank_file
 from orchestrator.handoff.primerl.store import MANIFEST_FILE, MANIFEST_FORMAT, rank_file_name
 from orchestrator.payload import (
