@@ -7,7 +7,6 @@ import sys
 from typing import TYPE_CHECKING
 
 from orchestrator.config import Config, add_config_arguments, config_from_args, config_to_toml
-from orchestrator.handoff import handoff_format
 
 if TYPE_CHECKING:
     from orchestrator.daemon.inference.credentials import BearerToken
@@ -39,7 +38,7 @@ def derived_values_comment(config: Config, token: BearerToken | None = None) -> 
     the bearer token read from where the config says (never the token itself)."""
     mode = "by handle" if config.by_handle else "inline"
     inference = config.inference
-    ships = handoff_format(config.trainer.format).describe(config.handoff_settings)
+    ships = config.handoff.describe(config.handoff_settings)
     lines = [
         "# Resolved config (every key, defaults included); derived values:",
         f"#   payload mode: {mode} ({config.payload_mode_reason})",

@@ -33,7 +33,6 @@ from orchestrator.handoff import (
     Progress,
     load_progress,
     published_versions,
-    shipped_steps_in,
 )
 
 __all__ = [
@@ -217,11 +216,11 @@ def read_run_on_disk(config: Config, *, source: str = "the config") -> RunOnDisk
         # load_progress says None for both; an operator needs to know which it is.
         problem = "unreadable" if (config.state_dir / PROGRESS_FILE).exists() else "missing"
     list_versions = functools.partial(published_versions, layout=config.trainer.weights_layout)
-    list_shipped = functools.partial(
-        shipped_steps_in,
-        batch_format=config.trainer.format,
-        data_world_size=config.trainer.data_world_size,
-    )
+    handoff, settings = config.handoff, config.handoff_settings
+
+    def list_shipped(_: Path) -> list[int]:
+        return handoff.shipped_steps(settings)
+
     return RunOnDisk(
         run_dir=config.run_dir,
         state_dir=config.state_dir,

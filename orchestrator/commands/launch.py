@@ -20,7 +20,6 @@ from orchestrator.config import Config
 from orchestrator.core.environments import Environment
 from orchestrator.daemon import RunOutcome, RunState, Stop, run_daemon
 from orchestrator.daemon.inference.credentials import load_bearer_token
-from orchestrator.handoff import handoff_format
 from orchestrator.sim.environments import toy_environment
 from orchestrator.sim.fleet import serve_local_fleet
 from orchestrator.tasks.build import Tasks, open_tasks
@@ -78,7 +77,7 @@ async def launch_run(
                 servers=[*config.inference.urls, *fleet],
                 environment=tasks.environment,
                 evals=tasks.evals,
-                handoff=handoff_format(config.trainer.format),
+                handoff=config.handoff,
                 token=token,
                 stop=stop,
                 metrics_sockets=metrics_sockets,

@@ -109,14 +109,13 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
             return 1
     stopped = outcome.stopped
     invariants = check_invariants(
-        batches_dir=config.batches_dir,
+        handoff=config.handoff,
+        settings=config.handoff_settings,
         payload_root=config.payload_root,
         trainer_report=config.run_dir / "trainer" / "report.json",
         last_step=outcome.state.shipping.last_shipped,
         bound=outcome.state.versions.collected_below,
         stopped=stopped,
-        batch_format=config.trainer.format,
-        data_world_size=config.trainer.data_world_size,
     )
     data = summary_data(
         outcome.state,

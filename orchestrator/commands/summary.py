@@ -22,7 +22,7 @@ from payload_gc import PayloadGCError, RootMissing, human_bytes, scan_root
 
 from orchestrator.core.sink import EnvTally
 from orchestrator.daemon.run_state import RunState
-from orchestrator.handoff import BatchFormat, shipped_steps_in
+from orchestrator.handoff import HandoffFormat, HandoffSettings
 
 
 @attrs.frozen
@@ -34,27 +34,22 @@ class Invariant:
 
 def check_invariants(
     *,
-    batches_dir: Path,
+    handoff: HandoffFormat,
+    settings: HandoffSettings,
     payload_root: Path,
     trainer_report: Path,
     last_step: int,
     bound: int | None,
     stopped: bool = False,
-    batch_format: BatchFormat = "native",
-    data_world_size: int = 1,
 ) -> list[Invariant]:
     """Check the run's invariants on disk. Blocking.
 
     `stopped`: the run was stopped by a signal. Requests it cancelled may still write
     files into versions below the bound, which the next collection removes (docs/design.md §3):
     what is left below the bound is then reported, but cannot be held against the run.
-    `batch_format` and `data_world_size` (`[trainer]`) say what a shipped step is.
+    `handoff` and its `settings` (the config's) say what a shipped step is, and where.
     """
-    steps = (
-        shipped_steps_in(batches_dir, batch_format=batch_format, data_world_size=data_world_size)
-        if batches_dir.exists()
-        else []
-    )
+    steps = handoff.shipped_steps(settings) if settings.batches_dir.exists() else []
     expected = list(range(1, last_step + 1))
     contiguous = Invariant(
         "batches contiguous",

@@ -38,7 +38,7 @@ from orchestrator.core.inflight import INFLIGHT_MODES, InflightMode
 from orchestrator.core.staleness import Staleness
 from orchestrator.handoff import (
     STEP_LAYOUTS,
-    BatchFormat,
+    HandoffFormat,
     HandoffSettings,
     StepLayout,
     format_names,
@@ -227,7 +227,7 @@ class TrainerConfig:
     # What the daemon ships: "native" is ours, step_000007/batch.bin; "prime-rl" is what
     # prime-rl's trainer reads, step_7/rank_R.bin per data rank (msgpack micro batches).
     # Any format in orchestrator.handoff's registry.
-    format: BatchFormat = attrs.field(default="native", validator=_registered_format)
+    format: str = attrs.field(default="native", validator=_registered_format)
     # prime-rl format: the trainer's data-parallel ranks, one rank_R.bin each.
     data_world_size: int = attrs.field(default=1, validator=at_least(1))
     # prime-rl format: tokens per micro batch (the trainer's seq_len); 0 is batch.max_seq_len.
@@ -607,6 +607,12 @@ class Config:
         return self.trainer.seq_len or self.batch.max_seq_len
 
     @property
+    def handoff(self) -> HandoffFormat:
+        """The hand-off format `trainer.format` names (validated at load): the one place
+        the config's name is looked up; everything past the config passes the object."""
+        return handoff_format(self.trainer.format)
+
+    @property
     def handoff_settings(self) -> HandoffSettings:
         """What the trainer format (`trainer.format`) is told of the run: the one place
         the hand-off's settings are built from the config."""
@@ -777,7 +783,7 @@ def _check_reply_limits(config: Config) -> None:
 
 def _check_trainer_format(config: Config) -> None:
     trainer = config.trainer
-    problem = handoff_format(trainer.format).check(config.handoff_settings)
+    problem = config.handoff.check(config.handoff_settings)
     if problem is not None:
         raise InvalidValue(problem, value=trainer.format, key="trainer.format")
     # Whatever the format: a step holds no sample longer than batch.max_seq_len.

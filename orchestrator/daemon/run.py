@@ -201,12 +201,7 @@ async def run_daemon(
 
 def _find_start(config: Config, handoff: HandoffFormat, state: RunState) -> StartPoint:
     """Where the run starts, and (resuming) the prompts the last run drew. Blocking."""
-    start = find_start_point(
-        config.batches_dir,
-        config.state_dir,
-        batch_format=handoff.name,
-        data_world_size=config.trainer.data_world_size,
-    )
+    start = find_start_point(handoff, config.handoff_settings, config.state_dir)
     if start.resumed:
         progress = load_progress(config.state_dir)
         state.dispatch.prompts_drawn = 0 if progress is None else progress.prompts_drawn

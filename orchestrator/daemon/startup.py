@@ -24,10 +24,9 @@ from orchestrator.daemon.inference.http11 import HTTPFailure, Requester
 from orchestrator.daemon.inference.http_clients import control_client
 from orchestrator.errors import UserError
 from orchestrator.handoff import (
-    BatchFormat,
+    HandoffFormat,
     HandoffSettings,
     StepLayout,
-    handoff_format,
     load_progress,
     newest_published_version,
     remove_partial_batches,
@@ -117,25 +116,20 @@ class StartPoint:
 
 
 def find_start_point(
-    batches_dir: Path,
-    state_dir: Path,
-    *,
-    batch_format: BatchFormat = "native",
-    data_world_size: int = 1,
+    handoff: HandoffFormat, settings: HandoffSettings, state_dir: Path
 ) -> StartPoint:
     """Fresh when no batch was shipped and no progress was saved; otherwise resume after the
-    last complete step directory in `batch_format` (the source of truth for "shipped", as
-    the format says: for "prime-rl", a `step_N` holding the manifest and
-    `data_world_size` rank files). Blocking.
+    last complete step directory `handoff` finds in `settings.batches_dir` (the source of
+    truth for "shipped", as the format says: for "prime-rl", a `step_N` holding the
+    manifest and `data_world_size` rank files). Blocking.
 
     Leftover temp directories of a step cut short by a crash are removed first. Raises
-    UserError when the format refuses to resume over what `batches_dir` holds (its
+    UserError when the format refuses to resume over what the directory holds (its
     `refuse_resume`: for "native", batches of the old JSON format 1, which this version
     neither writes nor reads; for "prime-rl", step directories this daemon did not write
-    in full for `data_world_size` ranks), `UnknownFormat` for a format not registered.
+    in full for `data_world_size` ranks).
     """
-    handoff = handoff_format(batch_format)
-    settings = HandoffSettings(batches_dir, data_world_size=data_world_size)
+    batches_dir = settings.batches_dir
     removed = remove_partial_batches(batches_dir) if batches_dir.exists() else 0
     if removed:
         log.warning("removed partial batches", count=removed, batches_dir=str(batches_dir))

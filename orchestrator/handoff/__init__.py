@@ -16,7 +16,6 @@ hand-off and the file byte for byte for trainers in other codebases.
 """
 
 from orchestrator.core.rollouts import TrainSample as TrainSample
-from orchestrator.handoff.contract import BatchFormat as BatchFormat
 from orchestrator.handoff.contract import HandoffFormat as HandoffFormat
 from orchestrator.handoff.contract import HandoffSettings as HandoffSettings
 from orchestrator.handoff.contract import Shipment as Shipment
@@ -63,7 +62,6 @@ from orchestrator.handoff.registry import HANDOFF_FORMATS as HANDOFF_FORMATS
 from orchestrator.handoff.registry import UnknownFormat as UnknownFormat
 from orchestrator.handoff.registry import format_names as format_names
 from orchestrator.handoff.registry import handoff_format as handoff_format
-from orchestrator.handoff.registry import shipped_steps_in as shipped_steps_in
 from orchestrator.handoff.step_dirs import STEP_LAYOUTS as STEP_LAYOUTS
 from orchestrator.handoff.step_dirs import StepLayout as StepLayout
 from orchestrator.handoff.step_dirs import complete_steps as complete_steps
@@ -100,7 +98,6 @@ __all__ = [
     "BatchError",
     "BatchExists",
     "BatchFile",
-    "BatchFormat",
     "BatchLayout",
     "BatchSample",
     "DroppedSample",
@@ -141,7 +138,6 @@ __all__ = [
     "replace_file_atomically",
     "save_progress",
     "shipped_steps",
-    "shipped_steps_in",
     "step_dir_name",
     "wait_for_batch",
     "wait_for_step_dir",

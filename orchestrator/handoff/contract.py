@@ -29,16 +29,12 @@ from orchestrator.handoff.dropped import DroppedSample
 from orchestrator.handoff.step_dirs import StepLayout
 
 __all__ = [
-    "BatchFormat",
     "HandoffFormat",
     "HandoffSettings",
     "Shipment",
     "StepProblem",
     "StepRead",
 ]
-
-BatchFormat = str
-"""The name of a registered format (`[trainer] format`): a key of `HANDOFF_FORMATS`."""
 
 
 @attrs.frozen

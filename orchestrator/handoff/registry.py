@@ -8,9 +8,7 @@ entry here.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from orchestrator.handoff.contract import BatchFormat, HandoffFormat, HandoffSettings
+from orchestrator.handoff.contract import HandoffFormat
 from orchestrator.handoff.native import NATIVE_FORMAT
 from orchestrator.handoff.primerl import PRIME_RL_FORMAT
 
@@ -19,7 +17,6 @@ __all__ = [
     "UnknownFormat",
     "format_names",
     "handoff_format",
-    "shipped_steps_in",
 ]
 
 # The registry. Tests may add a format for their duration (`monkeypatch.setitem`).
@@ -53,13 +50,3 @@ def handoff_format(name: str) -> HandoffFormat:
         return HANDOFF_FORMATS[name]
     except KeyError:
         raise UnknownFormat(name) from None
-
-
-def shipped_steps_in(
-    batches_dir: Path, *, batch_format: BatchFormat = "native", data_world_size: int = 1
-) -> list[int]:
-    """The shipped steps in `batches_dir` in `batch_format` (with `data_world_size` data
-    ranks), sorted. A missing directory holds none. Raises OSError when it cannot be
-    listed, `UnknownFormat` for a format not registered."""
-    settings = HandoffSettings(batches_dir, data_world_size=data_world_size)
-    return handoff_format(batch_format).shipped_steps(settings)

@@ -44,7 +44,6 @@ import structlog
 import trio
 
 from orchestrator.handoff import (
-    BatchFormat,
     DroppedSample,
     HandoffFormat,
     HandoffSettings,
@@ -99,7 +98,7 @@ class SimTrainerConfig:
     verify: bool = True
     report_path: Path | None = None
     weights_layout: StepLayout = "native"
-    format: BatchFormat = "native"
+    format: str = "native"
     data_world_size: int = attrs.field(default=1, validator=_positive)
     # A model folder: each version's directory then holds a full checkpoint of it,
     # perturbed by the version (orchestrator/sim/checkpoints.py), for servers that load
@@ -107,9 +106,14 @@ class SimTrainerConfig:
     checkpoint_base: Path | None = None
 
     def __attrs_post_init__(self) -> None:
-        problem = handoff_format(self.format).check(self.handoff_settings)
+        problem = self.handoff.check(self.handoff_settings)
         if problem is not None:
             raise ValueError(f'format "{self.format}" {problem}')
+
+    @property
+    def handoff(self) -> HandoffFormat:
+        """The format `format` names: the one lookup of the name."""
+        return handoff_format(self.format)
 
     @property
     def handoff_settings(self) -> HandoffSettings:
@@ -264,7 +268,7 @@ async def _wait_and_read(
 ) -> _StepRead:
     """Wait for step `step` in the configured format (what its trainer waits for), then
     read it."""
-    handoff = handoff_format(config.format)
+    handoff = config.handoff
     settings = config.handoff_settings
     step_dir = await wait_for_step_dir(
         config.batches_dir,

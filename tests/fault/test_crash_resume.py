@@ -52,10 +52,10 @@ from orchestrator.handoff import (
     BATCH_FILE,
     PARTIAL_BATCH_PREFIX,
     PROGRESS_FILE,
-    BatchFormat,
+    HandoffSettings,
     batch_step_dir,
+    handoff_format,
     published_versions,
-    shipped_steps_in,
 )
 from orchestrator.handoff.primerl import MANIFEST_FILE, primerl_step_dir, rank_file_name
 
@@ -132,7 +132,7 @@ class BatchLedger:
     rewritten, so the identities must never change."""
 
     batches_dir: Path
-    batch_format: BatchFormat = "native"
+    batch_format: str = "native"
     data_world_size: int = 1
     identities: dict[int, tuple[tuple[int, int], ...]] = attrs.field(factory=dict)
     rewritten: list[str] = attrs.field(factory=list)
@@ -145,11 +145,8 @@ class BatchLedger:
         return [*ranks, step_dir / MANIFEST_FILE]
 
     def shipped(self) -> list[int]:
-        return shipped_steps_in(
-            self.batches_dir,
-            batch_format=self.batch_format,
-            data_world_size=self.data_world_size,
-        )
+        settings = HandoffSettings(self.batches_dir, data_world_size=self.data_world_size)
+        return handoff_format(self.batch_format).shipped_steps(settings)
 
     def scan(self) -> int:
         """Record new batches, note rewritten ones; return the highest step shipped."""
@@ -303,7 +300,7 @@ def version_of(relative: Path) -> int:
     return int(match.group(1)) if match and len(relative.parts) == 2 else -1
 
 
-def format_overrides(batch_format: BatchFormat, output_dir: Path) -> list[str]:
+def format_overrides(batch_format: str, output_dir: Path) -> list[str]:
     """The config of a run in `batch_format`: prime-rl's with two data ranks, shipping to
     and following `output_dir`'s rollouts/ and broadcasts/, as with prime-rl's trainer."""
     if batch_format == "native":
@@ -324,7 +321,7 @@ def format_overrides(batch_format: BatchFormat, output_dir: Path) -> list[str]:
     ids=["native", "prime-rl", "pd"],
 )
 def test_sigkilled_daemon_resumes_without_loss_reshipping_or_stray_deletion(
-    tmp_path: Path, children: Children, kills: int, batch_format: BatchFormat, disaggregated: bool
+    tmp_path: Path, children: Children, kills: int, batch_format: str, disaggregated: bool
 ) -> None:
     if batch_format == "prime-rl":
         # The same phases, two kills each by default: the writer differs, not the daemon.

@@ -66,7 +66,8 @@ async def run_with_watch(config: Config) -> tuple[RunOutcome, list[tuple[int, li
 
 def assert_invariants(config: Config, outcome: RunOutcome, steps: int) -> None:
     invariants = check_invariants(
-        batches_dir=config.batches_dir,
+        handoff=config.handoff,
+        settings=config.handoff_settings,
         payload_root=config.payload_root,
         trainer_report=config.run_dir / "trainer" / "report.json",
         last_step=steps,

@@ -52,13 +52,12 @@ def primerl_config(tmp_path: Path, *overrides: str) -> Config:
 
 def assert_invariants(config: Config, outcome: RunOutcome, steps: int) -> None:
     invariants = check_invariants(
-        batches_dir=config.batches_dir,
+        handoff=config.handoff,
+        settings=config.handoff_settings,
         payload_root=config.payload_root,
         trainer_report=config.run_dir / "trainer" / "report.json",
         last_step=steps,
         bound=outcome.state.versions.collected_below,
-        batch_format="prime-rl",
-        data_world_size=2,
     )
     for invariant in invariants:
         assert invariant.held is True, invariant

@@ -69,7 +69,8 @@ async def test_each_real_reply_form_trains_with_routing_and_keeps_every_invarian
     assert outcome.state.shipping.next_step == STEPS + 1
     assert outcome.state.dispatch.failures["poisoned_payload"] == 0
     invariants = check_invariants(
-        batches_dir=config.batches_dir,
+        handoff=config.handoff,
+        settings=config.handoff_settings,
         payload_root=config.payload_root,
         trainer_report=config.run_dir / "trainer" / "report.json",
         last_step=STEPS,

@@ -9,7 +9,9 @@ import pytest
 
 from orchestrator.handoff import (
     BATCH_FILE,
+    NATIVE_FORMAT,
     BatchExists,
+    HandoffSettings,
     TrainSample,
     batch_step_dir,
     is_complete_batch,
@@ -219,8 +221,13 @@ def test_a_run_with_batches_of_the_old_json_format_is_not_resumed(tmp_path: Path
 
     batches_dir = tmp_path / "batches"
     publish_batch(batches_dir, 1, [sample()], fsync=False)
-    assert find_start_point(batches_dir, tmp_path / "state").resume_step == 1
+    assert (
+        find_start_point(
+            NATIVE_FORMAT, HandoffSettings(batches_dir), tmp_path / "state"
+        ).resume_step
+        == 1
+    )
     (batches_dir / "step_000002").mkdir()
     (batches_dir / "step_000002" / "batch.json").write_text("{}")
     with pytest.raises(UserError, match=r"old JSON format 1 \(step 2: batch\.json\)"):
-        find_start_point(batches_dir, tmp_path / "state")
+        find_start_point(NATIVE_FORMAT, HandoffSettings(batches_dir), tmp_path / "state")

@@ -33,7 +33,6 @@ from orchestrator.handoff import (
     UnknownFormat,
     format_names,
     handoff_format,
-    shipped_steps_in,
 )
 from orchestrator.sim.trainer import SimTrainerConfig, serve_trainer
 
@@ -137,7 +136,7 @@ def test_an_unknown_format_is_one_error_listing_the_known_ones() -> None:
     assert isinstance(caught.value, ValueError)
     assert caught.value.name == "megatron"
     with pytest.raises(UnknownFormat, match="megatron"):
-        shipped_steps_in(Path("/nonexistent"), batch_format="megatron")
+        handoff_format("megatron").shipped_steps(HandoffSettings(Path("/nonexistent")))
 
 
 def test_a_registered_format_is_listed_and_known(toy: ToyFormat) -> None:
@@ -201,23 +200,29 @@ async def test_the_daemon_ships_and_lists_through_the_format(
     assert json.loads((shipment.path / TOY_FILE).read_text()) == ["a", "b"]
     assert handoff_format("toy").shipped_steps(run.handoff_settings) == [3]
     # Native's listing does not see the toy's steps.
-    assert shipped_steps_in(run.batches_dir) == []
-    assert shipped_steps_in(run.batches_dir, batch_format="toy") == [3]
+    assert handoff_format("native").shipped_steps(HandoffSettings(run.batches_dir)) == []
+    assert handoff_format("toy").shipped_steps(HandoffSettings(run.batches_dir)) == [3]
 
 
 async def test_start_up_resumes_by_the_format_s_rules(tmp_path: Path, toy: ToyFormat) -> None:
     run = config(tmp_path, format="toy")
     state = tmp_path / "state"
-    assert find_start_point(run.batches_dir, state, batch_format="toy").resumed is False
+    assert (
+        find_start_point(handoff_format("toy"), HandoffSettings(run.batches_dir), state).resumed
+        is False
+    )
     await ship(run, 1, [sample("a")])
     await ship(run, 2, [sample("b")])
-    start = find_start_point(run.batches_dir, state, batch_format="toy")
+    start = find_start_point(handoff_format("toy"), HandoffSettings(run.batches_dir), state)
     assert (start.resume_step, start.resumed) == (2, True)
     # The native format sees nothing shipped there.
-    assert find_start_point(run.batches_dir, state, batch_format="native").resumed is False
+    assert (
+        find_start_point(handoff_format("native"), HandoffSettings(run.batches_dir), state).resumed
+        is False
+    )
     (run.batches_dir / "foreign").touch()
     with pytest.raises(UserError, match="holds a foreign step"):
-        find_start_point(run.batches_dir, state, batch_format="toy")
+        find_start_point(handoff_format("toy"), HandoffSettings(run.batches_dir), state)
 
 
 def test_the_local_trainer_checks_the_format(tmp_path: Path, toy: ToyFormat) -> None:

@@ -21,7 +21,12 @@ from orchestrator.core.sink import SinkLimits, TrainSink
 from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.startup import find_start_point
 from orchestrator.errors import UserError
-from orchestrator.handoff import BatchExists, remove_partial_batches, shipped_steps_in
+from orchestrator.handoff import (
+    BatchExists,
+    HandoffSettings,
+    handoff_format,
+    remove_partial_batches,
+)
 from orchestrator.handoff.primerl import (
     MANIFEST_FILE,
     MANIFEST_FORMAT,
@@ -159,7 +164,9 @@ def test_a_step_is_every_rank_file_and_the_manifest(tmp_path: Path, root: Path) 
         assert entry["file"] == f"rank_{rank}.bin"
         assert entry["bytes"] == (shipped.path / entry["file"]).stat().st_size
     assert shipped_primerl_steps(rollouts, 2) == [7]
-    assert shipped_steps_in(rollouts, batch_format="prime-rl", data_world_size=2) == [7]
+    assert handoff_format("prime-rl").shipped_steps(
+        HandoffSettings(rollouts, data_world_size=2)
+    ) == [7]
 
 
 def test_each_sequence_carries_its_samples_arrays(tmp_path: Path, root: Path) -> None:
@@ -283,7 +290,7 @@ def test_a_crash_before_the_rename_leaves_a_temp_dir_that_start_up_removes(
     assert not (rollouts / "step_2").exists()
     assert shipped_primerl_steps(rollouts, 2) == [1]
     start = find_start_point(
-        rollouts, tmp_path / "state", batch_format="prime-rl", data_world_size=2
+        handoff_format("prime-rl"), HandoffSettings(rollouts, data_world_size=2), tmp_path / "state"
     )
     assert (start.resume_step, start.resumed) == (1, True)
     assert names(rollouts) == ["step_1"]
@@ -347,16 +354,26 @@ def test_start_up_refuses_steps_it_did_not_ship_for_these_ranks(tmp_path: Path, 
     publish(rollouts, samples, step=1)
     # Resumed with another number of data ranks: step 1 lacks rank_2.bin and rank_3.bin.
     with pytest.raises(UserError, match="data_world_size = 4"):
-        find_start_point(rollouts, tmp_path / "state", batch_format="prime-rl", data_world_size=4)
+        find_start_point(
+            handoff_format("prime-rl"),
+            HandoffSettings(rollouts, data_world_size=4),
+            tmp_path / "state",
+        )
     # Another orchestrator's step (rank files, no manifest).
     other = tmp_path / "other"
     (other / "step_1").mkdir(parents=True)
     (other / "step_1" / "rank_0.bin").write_bytes(b"\x90")
     with pytest.raises(UserError, match="step_1 is not a step this daemon shipped"):
-        find_start_point(other, tmp_path / "state", batch_format="prime-rl", data_world_size=1)
+        find_start_point(
+            handoff_format("prime-rl"),
+            HandoffSettings(other, data_world_size=1),
+            tmp_path / "state",
+        )
     # A fresh run: nothing shipped, no progress saved.
     fresh = find_start_point(
-        tmp_path / "new", tmp_path / "state", batch_format="prime-rl", data_world_size=2
+        handoff_format("prime-rl"),
+        HandoffSettings(tmp_path / "new", data_world_size=2),
+        tmp_path / "state",
     )
     assert (fresh.resume_step, fresh.resumed) == (0, False)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from orchestrator.commands.summary import (
     check_invariants,
@@ -14,7 +15,7 @@ from orchestrator.commands.summary import (
 )
 from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.run_state import RunState, Shipping
-from orchestrator.handoff import TrainSample, publish_batch
+from orchestrator.handoff import NATIVE_FORMAT, HandoffSettings, TrainSample, publish_batch
 
 
 def sample() -> TrainSample:
@@ -31,7 +32,7 @@ def sample() -> TrainSample:
     )
 
 
-def layout(tmp_path: Path, steps: list[int], dirs: list[str], violations: int) -> dict[str, Path]:
+def layout(tmp_path: Path, steps: list[int], dirs: list[str], violations: int) -> dict[str, Any]:
     batches, root = tmp_path / "batches", tmp_path / "payloads"
     for step in steps:
         publish_batch(batches, step, [sample()], fsync=False)
@@ -39,7 +40,12 @@ def layout(tmp_path: Path, steps: list[int], dirs: list[str], violations: int) -
         (root / name).mkdir(parents=True)
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"steps": 3, "samples": 3, "violations": [{}] * violations}))
-    return {"batches_dir": batches, "payload_root": root, "trainer_report": report}
+    return {
+        "handoff": NATIVE_FORMAT,
+        "settings": HandoffSettings(batches),
+        "payload_root": root,
+        "trainer_report": report,
+    }
 
 
 def test_a_clean_run_holds_every_invariant(tmp_path: Path) -> None:

@@ -349,7 +349,8 @@ async def run_against(
         outcome = await launch_run(config)
     assert shipped_steps(config.batches_dir) == list(range(1, steps + 1))
     invariants = check_invariants(
-        batches_dir=config.batches_dir,
+        handoff=config.handoff,
+        settings=config.handoff_settings,
         payload_root=config.payload_root,
         trainer_report=config.run_dir / "trainer" / "report.json",
         last_step=steps,
