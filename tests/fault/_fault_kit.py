@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import select
-import socket
 import subprocess
 import sys
 import time
@@ -126,14 +125,6 @@ def _read_line(process: subprocess.Popen[bytes], deadline_s: float) -> str:
             break
         data += chunk
     return data.split(b"\n", 1)[0].decode(errors="replace")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def run_config(run_dir: Path, *overrides: str) -> Config:

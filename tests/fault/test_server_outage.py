@@ -19,12 +19,12 @@ import pytest
 from _fault_kit import (
     Children,
     SimServer,
-    free_port,
     orchestrator_command,
     start_sim_server,
     urls_override,
     write_run_config,
 )
+from run_kit import free_port
 
 from orchestrator.config import Config
 from orchestrator.handoff import shipped_steps

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import httpx
 import pytest
 import trio
+from run_kit import free_port
 
 from orchestrator.commands.launch import launch_run
 from orchestrator.commands.summary import check_invariants
@@ -196,13 +196,6 @@ async def test_fresh_run_refuses_a_root_it_did_not_create(tmp_path: Path) -> Non
     with pytest.raises(UserError, match="payload"), trio.fail_after(60):
         await launch_run(config)
     assert (root / "precious.txt").read_text() == "not ours"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def scraped_value(text: str, name: str) -> float:

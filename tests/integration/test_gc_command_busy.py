@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_kit import write_run_toml
 
 from orchestrator.cli import main
 from orchestrator.handoff import Progress, save_progress
@@ -21,13 +22,8 @@ BOUND = APPLIED - M  # min_fresh_version(applied + 1, m)
 
 @pytest.fixture
 def config_file(tmp_path: Path) -> Path:
-    path = tmp_path / "run.toml"
-    path.write_text(
-        f'run_dir = "{tmp_path / "run"}"\n'
-        "[sim]\ninference_servers = 1\n"
-        f"[staleness]\nmax_off_policy_steps = {M}\nmax_async_steps = 1\n"
-    )
-    return path
+    staleness = f"[staleness]\nmax_off_policy_steps = {M}\nmax_async_steps = 1\n"
+    return write_run_toml(tmp_path / "run.toml", tmp_path / "run", staleness)
 
 
 @pytest.fixture

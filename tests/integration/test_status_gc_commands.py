@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_kit import write_run_toml
 
 from orchestrator.cli import main
 from orchestrator.handoff import (
@@ -56,13 +57,8 @@ def run_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def config_file(tmp_path: Path, run_dir: Path) -> Path:
-    path = tmp_path / "run.toml"
-    path.write_text(
-        f'run_dir = "{run_dir}"\n'
-        "[sim]\ninference_servers = 1\n"
-        f"[staleness]\nmax_off_policy_steps = {M}\nmax_async_steps = 1\n"
-    )
-    return path
+    staleness = f"[staleness]\nmax_off_policy_steps = {M}\nmax_async_steps = 1\n"
+    return write_run_toml(tmp_path / "run.toml", run_dir, staleness)
 
 
 def _build_run(run_dir: Path, *, applied: int = APPLIED, progress: bool = True) -> Path:

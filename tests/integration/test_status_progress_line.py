@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_kit import write_run_toml
 
 from orchestrator.cli import main
 from orchestrator.handoff import (
@@ -60,9 +61,7 @@ def state_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def config_file(tmp_path: Path, state_dir: Path) -> Path:
-    path = tmp_path / "run.toml"
-    path.write_text(f'run_dir = "{state_dir.parent}"\n[sim]\ninference_servers = 1\n')
-    return path
+    return write_run_toml(tmp_path / "run.toml", state_dir.parent)
 
 
 def progress(now: float, line: ProgressLine | None = LINE) -> Progress:

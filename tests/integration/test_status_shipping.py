@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_kit import write_run_toml
 
 from orchestrator.cli import main
 from orchestrator.daemon.rejections import TopError
@@ -42,11 +43,7 @@ def run_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def config_file(tmp_path: Path, run_dir: Path) -> Path:
-    path = tmp_path / "run.toml"
-    path.write_text(
-        f'run_dir = "{run_dir}"\n[sim]\ninference_servers = 1\n[progress]\nstall_warning_s = 60\n'
-    )
-    return path
+    return write_run_toml(tmp_path / "run.toml", run_dir, "[progress]\nstall_warning_s = 60\n")
 
 
 def stalled_progress(now: float, *, last_shipped_at: float | None = None) -> Progress:

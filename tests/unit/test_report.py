@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from matplotlib.figure import Figure
+from run_kit import write_run_toml
 
 from orchestrator.cli import main
 from orchestrator.report import PLOTS, read_records, write_report
@@ -183,9 +184,7 @@ def test_the_png_holds_every_plot(tmp_path: Path) -> None:
 
 
 def config_file(tmp_path: Path) -> Path:
-    path = tmp_path / "run.toml"
-    path.write_text(f'run_dir = "{tmp_path / "run"}"\n[sim]\ninference_servers = 1\n')
-    return path
+    return write_run_toml(tmp_path / "run.toml", tmp_path / "run")
 
 
 def test_the_command_writes_the_page_next_to_the_run(

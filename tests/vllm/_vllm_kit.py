@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ import attrs
 import httpx
 import trio
 from demo_run import demo_paths
+from run_kit import free_port
 from vllm_env import installer
 
 from orchestrator.commands.launch import launch_run
@@ -161,12 +161,6 @@ def reference(model: Path, job: dict[str, Any]) -> dict[str, Any]:
     if "error" in answer:
         raise AssertionError(f"reference of {model} failed:\n{answer['error']}")
     return answer
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @attrs.frozen
