@@ -10,15 +10,13 @@ import pytest
 import trio
 from payload_gc import collect_below
 from payload_gc._tree import Tally
+from payload_trees import make_version
 
 TICKS_WANTED = 20
 
 
 def _make_version(root: Path, version: int, files: int) -> None:
-    directory = root / f"v{version}"
-    directory.mkdir(parents=True)
-    for i in range(files):
-        (directory / f"{i:05d}.bin").write_bytes(b"p" * 512)
+    make_version(root, version, size=512, byte=b"p", names=[f"{i:05d}.bin" for i in range(files)])
 
 
 async def test_the_loop_keeps_ticking_during_a_collection(

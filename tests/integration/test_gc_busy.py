@@ -39,6 +39,7 @@ from payload_gc import (
 )
 from payload_gc._lock import current_owner
 from payload_gc.cli import main
+from payload_trees import make_version
 
 from orchestrator.daemon.payload_files.disk import unlink_files
 from orchestrator.daemon.startup import wipe_payload_root
@@ -114,10 +115,7 @@ def silly_renames(
 
 
 def _make_version(root: Path, version: int, files: int = 3, size: int = 10) -> None:
-    directory = root / f"v{version}"
-    directory.mkdir(parents=True)
-    for i in range(files):
-        (directory / f"{i}.bin").write_bytes(b"x" * size)
+    make_version(root, version, files, size)
 
 
 def _audit(root: Path) -> list[dict[str, object]]:

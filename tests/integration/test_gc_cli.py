@@ -11,14 +11,13 @@ import pytest
 from payload_gc import init_root
 from payload_gc._lock import current_owner
 from payload_gc.cli import main
+from payload_trees import make_version
 
 
 def _make_tree(root: Path, versions: int = 6, files: int = 3) -> None:
+    # Sizes that differ by version: a wrong version's bytes would show.
     for version in range(versions):
-        directory = root / f"v{version}"
-        directory.mkdir(parents=True)
-        for i in range(files):
-            (directory / f"{i}.bin").write_bytes(bytes(10 * (version + 1)))
+        make_version(root, version, files, size=10 * (version + 1), byte=b"\x00")
 
 
 def _snapshot(root: Path) -> dict[str, bytes | None]:

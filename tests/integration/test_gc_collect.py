@@ -20,13 +20,11 @@ from payload_gc import (
     min_fresh_version,
     plan_root,
 )
+from payload_trees import make_version
 
 
 def _make_version(root: Path, version: int, files: int = 3, size: int = 100) -> None:
-    directory = root / f"v{version}"
-    directory.mkdir(parents=True)
-    for i in range(files):
-        (directory / f"{i}.bin").write_bytes(bytes([version % 256]) * size)
+    make_version(root, version, files, size, byte=bytes([version % 256]))
 
 
 def _names(root: Path) -> list[str]:

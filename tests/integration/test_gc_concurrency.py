@@ -15,14 +15,11 @@ import trio
 from payload_gc import LockHeld, PlannedDeletion, collect_below, collect_below_sync
 from payload_gc._mounts import fd_mount_id
 from payload_gc._tree import Tally, open_root, remove_tree
+from payload_trees import make_tree
 
 
 def _make_tree(root: Path, versions: int, files: int) -> None:
-    for version in range(versions):
-        directory = root / f"v{version}"
-        directory.mkdir(parents=True)
-        for i in range(files):
-            (directory / f"{i}.bin").write_bytes(b"x" * 64)
+    make_tree(root, versions, files, size=64)
 
 
 def _versions(root: Path) -> list[str]:

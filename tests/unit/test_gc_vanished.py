@@ -37,6 +37,7 @@ from payload_gc._lock import current_owner, open_control_dir, try_acquire
 from payload_gc._mounts import entry_mount_id as real_entry_mount_id
 from payload_gc._mounts import fd_mount_id
 from payload_gc._tree import Tally, open_root, remove_tree
+from payload_trees import make_version
 
 from orchestrator.payload import (
     PayloadMissing,
@@ -134,11 +135,7 @@ def no_rewind(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPath
 
 
 def _make_version(root: Path, version: int, names: tuple[str, ...] = ("a", "b", "c")) -> Path:
-    directory = root / f"v{version}"
-    directory.mkdir(parents=True)
-    for name in names:
-        (directory / name).write_bytes(b"x" * 10)
-    return directory
+    return make_version(root, version, names=names)
 
 
 def _on_first_unlink(
