@@ -163,11 +163,7 @@ class HeldLock:
         raw = _read(self.control_fd, LOCK_NAME)
         held = None if raw is None else LockOwner.from_json(raw)
         if held is not None and held.token == self.owner.token:
-            try:
-                os.unlink(LOCK_NAME, dir_fd=self.control_fd)
-            except OSError as exc:
-                if not is_vanished(exc):
-                    raise
+            _unlink_gone_or_not(self.control_fd, LOCK_NAME)
 
 
 def release_and_close(lock: HeldLock | None, *fds: int) -> None:
@@ -272,11 +268,16 @@ def _make_lock(control_fd: int, owner: LockOwner) -> None:
             raise
         _write_new(control_fd, LOCK_NAME, content)
     finally:
-        try:
-            os.unlink(new, dir_fd=control_fd)
-        except OSError as exc:
-            if not is_vanished(exc):
-                raise
+        _unlink_gone_or_not(control_fd, new)
+
+
+def _unlink_gone_or_not(control_fd: int, name: str) -> None:
+    """Unlink `name` from the control directory; one already gone is fine."""
+    try:
+        os.unlink(name, dir_fd=control_fd)
+    except OSError as exc:
+        if not is_vanished(exc):
+            raise
 
 
 def _write_new(control_fd: int, name: str, content: bytes) -> None:
@@ -332,11 +333,7 @@ def _break_stale(control_fd: int, stale: bytes) -> None:
                 if not (isinstance(exc, FileExistsError) or is_vanished(exc)):
                     raise
     finally:
-        try:
-            os.unlink(aside, dir_fd=control_fd)
-        except OSError as exc:
-            if not is_vanished(exc):
-                raise
+        _unlink_gone_or_not(control_fd, aside)
 
 
 def _held_error(control_fd: int, root: str, holder: LockOwner | None) -> LockHeld:

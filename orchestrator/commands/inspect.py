@@ -215,12 +215,10 @@ def read_run_on_disk(config: Config, *, source: str = "the config") -> RunOnDisk
     if progress is None:
         # load_progress says None for both; an operator needs to know which it is.
         problem = "unreadable" if (config.state_dir / PROGRESS_FILE).exists() else "missing"
-    list_versions = functools.partial(published_versions, layout=config.trainer.weights_layout)
-    handoff, settings = config.handoff, config.handoff_settings
-
-    def list_shipped(_: Path) -> list[int]:
-        return handoff.shipped_steps(settings)
-
+    shipped = functools.partial(config.handoff.shipped_steps, config.handoff_settings)
+    published = functools.partial(
+        published_versions, config.weights_dir, layout=config.trainer.weights_layout
+    )
     return RunOnDisk(
         run_dir=config.run_dir,
         state_dir=config.state_dir,
@@ -229,17 +227,18 @@ def read_run_on_disk(config: Config, *, source: str = "the config") -> RunOnDisk
         payload_root=config.payload_root,
         staleness=config.staleness,
         daemon=probe_daemon_lock(config.state_dir),
-        shipped_step=_last(_listed(list_shipped, config.batches_dir, "batches")),
-        published_version=_last(_listed(list_versions, config.weights_dir, "weights")),
+        shipped_step=_last(_listed(shipped, config.batches_dir, "batches")),
+        published_version=_last(_listed(published, config.weights_dir, "weights")),
         progress=progress,
         progress_problem=problem,
         stall_warning_s=config.progress.stall_warning_s,
     )
 
 
-def _listed(list_steps: Callable[[Path], list[int]], directory: Path, what: str) -> list[int]:
+def _listed(list_steps: Callable[[], list[int]], directory: Path, what: str) -> list[int]:
+    """`list_steps()`, which lists `directory`; an OSError as one line naming it."""
     try:
-        return list_steps(directory)
+        return list_steps()
     except OSError as exc:
         raise UserError(f"cannot list the {what} directory {directory}: {exc.strerror}") from None
 

@@ -196,7 +196,7 @@ class RolloutRunner:
                     self._learn_routing_shape(turn, server)
                 return turn
             if self.refusals is not None:
-                self._watch_refusals(server, failure)
+                self._watch_refusals(self.refusals, server, failure)
             attempt += 1
             retrying = (
                 failure.transient and attempt <= config.inference.retries and not stop.is_set()
@@ -210,16 +210,15 @@ class RolloutRunner:
                 raise failure
             await trio.sleep(min(config.inference.retry_backoff_s * 2 ** (attempt - 1), 30.0))
 
-    def _watch_refusals(self, server: str, failure: InferenceFailure) -> None:
+    def _watch_refusals(
+        self, refusals: RefusalWatch, server: str, failure: InferenceFailure
+    ) -> None:
         """Feed the refusal watch; end the dispatch when the whole fleet refuses."""
-        assert self.refusals is not None
         if failure.kind not in REFUSAL_KINDS:
             if failure.kind not in NO_ANSWER_KINDS:
-                self.refusals.answered()  # an answer, and not that refusal
+                refusals.answered()  # an answer, and not that refusal
             return
-        ended = self.refusals.refused(
-            trio.current_time(), server, failure.detail, self.pool.healthy()
-        )
+        ended = refusals.refused(trio.current_time(), server, failure.detail, self.pool.healthy())
         dispatch = self.state.dispatch
         if ended is not None and dispatch.refused is None:
             log.error("the fleet refuses every request: ending the run", error=ended)
