@@ -74,7 +74,7 @@ def _stage(name: str, *functions: str, minus: tuple[Stage, ...] = ()) -> Stage:
 PROMPT = _stage("prompt: chat template and tokens", "dataset_env.py:prompt", "plugin_env.py:prompt")
 HTTP = _stage("request, send and receive (HTTP/1.1)", "inference/client.py:post_generate")
 PARSE = _stage("reply: parse, logprobs, segment checks", "wire/generate.py:parse_generate_response")
-FILES = _stage("payload files checked on disk", "daemon/dispatcher.py:_check_files")
+FILES = _stage("payload files checked on disk", "daemon/rollout_finisher.py:check_files")
 REWARD = _stage("reward: round trip to the worker", "tasks/reward_pool.py:score")
 SAMPLE = _stage("sample build (stitch, arrays)", "core/samples.py:build_sample")
 NESTED = (PROMPT, HTTP, PARSE, FILES, REWARD, SAMPLE)
@@ -85,7 +85,7 @@ STAGES: tuple[Stage, ...] = (
         "daemon/dispatcher.py:serve",
         "daemon/dispatcher.py:_run_group",
         "daemon/dispatcher.py:_run_member",
-        "daemon/dispatcher.py:finish",
+        "daemon/rollout_finisher.py:finish",
         minus=NESTED,
     ),
     _stage("batches: sink and shipping", "daemon/admission.py:serve", "daemon/shipper.py:serve"),

@@ -1,5 +1,6 @@
-"""The dispatcher: starts GRPO groups, runs their rollouts (`rollout_runner.py`), scores
-them and hands the results on.
+"""The dispatcher: starts GRPO groups, runs their rollouts (`rollout_runner.py`), has
+them finished (files checked, scored, samples built: `rollout_finisher.py`) and hands the
+group on to the sink.
 
 Each group is `group_size` rollouts of one prompt, pinned to one inference server. Every
 rollout is stamped with the applied version `k` at its dispatch and writes its payload
@@ -10,25 +11,22 @@ collector and to the sink's stale accounting).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 import attrs
 import structlog
 import trio
 import trio.lowlevel
-from payload_gc import PayloadGCError, PayloadRootFiles
 
 from orchestrator.config import Config
 from orchestrator.core.dispatch_gate import DispatchGate, Pipe
-from orchestrator.core.environments import Environment, Prompt, PromptSkipped, ScoreFailed
+from orchestrator.core.environments import Environment, Prompt, PromptSkipped
 from orchestrator.core.refusals import RefusalWatch
-from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult
-from orchestrator.core.samples import build_sample
+from orchestrator.core.rollouts import GroupResult
 from orchestrator.core.sink import TrainSink
-from orchestrator.daemon.inference.client import TurnFiles, check_turn_files
 from orchestrator.daemon.inference.http11 import HTTP11Client
 from orchestrator.daemon.inference.server_pool import ServerPool
-from orchestrator.daemon.pass_budget import yield_if_pass_is_long
+from orchestrator.daemon.rollout_finisher import RolloutFinisher
 from orchestrator.daemon.rollout_runner import RolloutRun, RolloutRunner
 from orchestrator.daemon.run_state import InflightGroup, RunState
 
@@ -59,6 +57,7 @@ class Dispatcher:
     pool: ServerPool
     _gate: DispatchGate = attrs.field(init=False)
     _runner: RolloutRunner = attrs.field(init=False)
+    _finisher: RolloutFinisher = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         config, state = self.config, self.state
@@ -72,6 +71,7 @@ class Dispatcher:
             capture=True,
             refusals=RefusalWatch(config.inference.refusal_stop_s),
         )
+        self._finisher = RolloutFinisher(config, state, self.file_limiter)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start groups until cancelled, drawing the environment's prompts from
@@ -183,12 +183,15 @@ class Dispatcher:
             return
         if scope.cancelled_caught:
             log.info("group cancelled", group=group_id, start_version=start_version)
-        elif not group.stop.is_set():
-            # A stopped group can no longer ship (the sink drops it as stale), and its
-            # version directory may already be collected: checking its files would only
-            # report them missing.
-            await self._check_files([run for run in runs if run is not None])
-        rollouts = await self._finish_all(group_id, start_version, runs, prompt)
+        # A stopped group can no longer ship (the sink drops it as stale), and its version
+        # directory may already be collected: checking its files would only report them
+        # missing.
+        rollouts = await self._finisher.finish_group(
+            group_id,
+            start_version,
+            runs,
+            check_files=not (scope.cancelled_caught or group.stop.is_set()),
+        )
         await self.admit(
             GroupResult(
                 group_id,
@@ -202,76 +205,6 @@ class Dispatcher:
             )
         )
 
-    async def _finish_all(
-        self,
-        group_id: str,
-        start_version: int,
-        runs: Sequence[RolloutRun | None],
-        prompt: Prompt,
-    ) -> tuple[RolloutResult, ...]:
-        """Every member scored (concurrently: a reward may run in a worker process or on
-        another machine) and turned into its result, in member order."""
-        finished: list[RolloutResult | None] = [None] * len(runs)
-
-        async def finish(index: int, run: RolloutRun) -> None:
-            finished[index] = await self._finish(run, prompt)
-
-        async with trio.open_nursery() as nursery:
-            for index, run in enumerate(runs):
-                if run is None:
-                    finished[index] = RolloutResult(
-                        f"{group_id}-r{index}", start_version, failed="cancelled"
-                    )
-                else:
-                    nursery.start_soon(finish, index, run)
-        return tuple(result for result in finished if result is not None)
-
-    async def _check_files(self, runs: Sequence[RolloutRun]) -> None:
-        """Check every segment file of the group on disk, in one worker-thread call.
-
-        Once per group rather than per turn: a bad file only makes a rollout untrainable
-        (the episode's tokens stay good), so the check can wait until the group is done.
-        """
-        checks = [
-            (run, index, turn)
-            for run in runs
-            if run.payload_dir is not None
-            for index, (_, turn) in enumerate(run.turns)
-            if turn.files
-        ]
-        if not checks:
-            return
-        root = self.config.payload_root
-
-        def check_all() -> list[TurnFiles]:
-            try:
-                opened = PayloadRootFiles(root)
-            except PayloadGCError as exc:
-                return [TurnFiles(f"payload root: {exc}", {}) for _ in checks]
-            with opened:
-                return [check_turn_files(t, files=opened, version=r.version) for r, _, t in checks]
-
-        found = await trio.to_thread.run_sync(check_all, limiter=self.file_limiter)
-        # What servers wrote, counted as found on disk (never the sizes replies claim):
-        # also the daemon's running account of the bytes on disk (docs/design.md §8).
-        sizes = {
-            (run.version, name): size
-            for (run, _, _), turn_files in zip(checks, found, strict=True)
-            for name, size in turn_files.sizes.items()
-        }
-        state = self.state
-        state.payload.record_written(sizes, collected_below=state.versions.collected_below)
-        problems = [turn_files.problem for turn_files in found]
-        bound = state.collecting_below
-        for (run, index, turn), problem in zip(checks, problems, strict=True):
-            # A version collected while the check ran: the rollout is stale, not poisoned.
-            if problem is not None and run.version >= bound:
-                state.dispatch.rejections.record(
-                    "poisoned_payload", run.server, problem, rollout=run.rollout_id
-                )
-                prompt_len = run.turns[index][0]
-                run.turns[index] = (prompt_len, attrs.evolve(turn, poisoned=problem))
-
     async def _run_member(
         self,
         runs: list[RolloutRun | None],
@@ -282,61 +215,3 @@ class Dispatcher:
         rollout_id = f"{group.group_id}-r{index}"
         episode = self.environment.episode(prompt)
         runs[index] = await self._runner.run(rollout_id, prompt, episode, group.server, group.stop)
-
-    async def _finish(self, run: RolloutRun, prompt: Prompt) -> RolloutResult:
-        """Score a finished rollout and build its sample."""
-        config, dispatch = self.config, self.state.dispatch
-        files = frozenset(f for _, turn in run.turns for f in turn.files)
-        if run.failed is not None:
-            stopped = run.failure_kind == "stopped"
-            dispatch.rollouts["stopped" if stopped else "failed"] += 1
-            return RolloutResult(run.rollout_id, run.version, files=files, failed=run.failed)
-        try:
-            assert run.episode is not None  # every rollout that ran has its episode
-            reward = await run.episode.score([turn.completion_ids for _, turn in run.turns])
-        except ScoreFailed as exc:
-            # Logged by the environment (once per env and kind, with its traceback).
-            dispatch.rollouts["reward_failed"] += 1
-            return RolloutResult(
-                run.rollout_id,
-                run.version,
-                files=files,
-                failed=f"reward failed: {exc}",
-                failure=Discard.REWARD_FAILED,
-            )
-        await yield_if_pass_is_long()
-        try:
-            sample, routing_dropped = build_sample(
-                run.rollout_id,
-                run.tokens,
-                run.turns,
-                payload_dir=run.payload_dir,
-                fields=config.payload.fields,
-                final_token_route=config.payload.final_token_route,
-            )
-        except Exception as exc:  # no reply may end the daemon
-            # Replies that passed every check but break the stitcher in a way nobody
-            # foresaw: this rollout is lost (its files go with it), the daemon runs on.
-            detail = f"cannot build the sample ({exc!r:.200})"
-            dispatch.rejections.record("stitching", run.server, detail, rollout=run.rollout_id)
-            dispatch.rollouts["failed"] += 1
-            return RolloutResult(run.rollout_id, run.version, files=files, failed=detail)
-        if routing_dropped:
-            dispatch.rejections.record(
-                "routing_gap",
-                run.server,
-                "routing has a gap the stitcher cannot close: sample kept without routing",
-                rollout=run.rollout_id,
-            )
-        poisoned = sample.untrainable is not None and sample.untrainable.startswith("poisoned")
-        if poisoned and not any(turn.poisoned for _, turn in run.turns):
-            # Every turn's payload was good on its own, but they cannot be stitched into
-            # one sample (turns that disagree on row shape). A poisoned turn was
-            # recorded as "poisoned_payload" already.
-            dispatch.rejections.record(
-                "stitching", run.server, str(sample.untrainable), rollout=run.rollout_id
-            )
-        dispatch.rollouts["poisoned" if poisoned else "completed"] += 1
-        return RolloutResult(
-            run.rollout_id, run.version, reward=reward, samples=(sample,), files=files
-        )

@@ -37,6 +37,7 @@ from orchestrator.core.evals import (
 from orchestrator.daemon.inference.http11 import HTTP11Client
 from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.reporting.run_lines import RunLines
+from orchestrator.daemon.rollout_finisher import score
 from orchestrator.daemon.rollout_runner import RolloutRunner
 from orchestrator.daemon.run_state import RunState
 
@@ -232,7 +233,7 @@ class Evaluator:
             samples.append(EvalSample(example, run.version, failed=kind))
             return
         try:
-            reward = await episode.score([turn.completion_ids for _, turn in run.turns])
+            reward = await score(run)
         except ScoreFailed as exc:
             # Logged by the environment (once per env and kind, with its traceback).
             evaluation.rollouts["failed"] += 1

@@ -1,4 +1,4 @@
-"""The dispatcher's per-group file check: a missing file poisons a rollout, unless its
+"""The per-group file check of finished rollouts (`RolloutFinisher.check_files`): a missing file poisons a rollout, unless its
 version is being collected (the rollout is stale then, not poisoned)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from payload_gc import min_fresh_version
 
 from orchestrator.core.staleness import Staleness
 from orchestrator.core.turns import TurnOutput
-from orchestrator.daemon.dispatcher import Dispatcher
+from orchestrator.daemon.rollout_finisher import RolloutFinisher
 from orchestrator.daemon.rollout_runner import RolloutRun
 from orchestrator.daemon.run_state import RunState, Shipping, Versions
 from orchestrator.payload import PayloadSegment
@@ -35,27 +35,16 @@ def run_with_missing_file(root: Path, version: int) -> RolloutRun:
     return RolloutRun("g1-r0", version, payload_dir, [1, 2, 3, 4, 7], turns=[(4, turn)])
 
 
-def dispatcher(state: RunState, root: Path) -> Dispatcher:
-    # Only the payload root, the state and the file limiter take part in the check (and
-    # the staleness and batch shape the dispatcher's gate is built from).
-    unused: Any = None
-    config: Any = SimpleNamespace(
-        payload_root=root,
-        by_handle=True,
-        payload=SimpleNamespace(fields=()),
-        staleness=state.staleness,
-        batch=SimpleNamespace(size=4, group_size=2),
-        inference=SimpleNamespace(refusal_stop_s=30.0),
-    )
-    return Dispatcher(
-        config, state, unused, unused, unused, unused, trio.CapacityLimiter(1), unused
-    )
+def finisher(state: RunState, root: Path) -> RolloutFinisher:
+    # Only the payload root takes part in the check.
+    config: Any = SimpleNamespace(payload_root=root)
+    return RolloutFinisher(config, state, trio.CapacityLimiter(1))
 
 
 async def test_a_missing_file_in_a_live_version_poisons_the_rollout(tmp_path: Path) -> None:
     state = RunState(Staleness(MAX_OFF_POLICY, 1), Shipping(0))
     run = run_with_missing_file(tmp_path, version=0)
-    await dispatcher(state, tmp_path)._check_files([run])
+    await finisher(state, tmp_path).check_files([run])
     assert state.dispatch.failures["poisoned_payload"] == 1
     poisoned = run.turns[0][1].poisoned
     assert poisoned is not None and "gone.bin" in poisoned
@@ -67,6 +56,6 @@ async def test_a_version_under_collection_is_stale_not_poisoned(tmp_path: Path) 
     state = RunState(Staleness(MAX_OFF_POLICY, 1), Shipping(0), versions=Versions(applied=6))
     assert state.collecting_below == min_fresh_version(7, MAX_OFF_POLICY) > 3
     run = run_with_missing_file(tmp_path, version=3)
-    await dispatcher(state, tmp_path)._check_files([run])
+    await finisher(state, tmp_path).check_files([run])
     assert state.dispatch.failures["poisoned_payload"] == 0
     assert run.turns[0][1].poisoned is None
