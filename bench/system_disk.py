@@ -72,7 +72,8 @@ from system_fleet import (
     stamp,
 )
 
-from orchestrator.daemon.payload_files.disk import PayloadDeleter, payload_file_key, tree_bytes
+from orchestrator.daemon.payload_files.account import payload_file_key
+from orchestrator.daemon.payload_files.disk import PayloadDeleter, tree_bytes
 from orchestrator.daemon.run import RunOutcome
 
 PLOT = REPO / "docs" / "disk_per_step.png"

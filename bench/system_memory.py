@@ -47,8 +47,9 @@ from system_fleet import (
 )
 
 from orchestrator.core.sink import TrainSink
-from orchestrator.daemon.run import RunOutcome, Services
+from orchestrator.daemon.run import RunOutcome
 from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.services import Services
 
 TARGET_GROWTH_PER_100_STEPS = 1_000_000
 SHAPE = ModelShape(layers=4, top_k=8, num_experts=128)

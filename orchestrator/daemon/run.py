@@ -1,4 +1,5 @@
-"""`run_daemon`: one trio nursery, the services of a run started in it.
+"""`run_daemon`: one trio nursery, the services of a run started in it, in order (built
+together by `services.open_services`).
 
     start-up sync (docs/design.md §7)
     health prober ─── servers down and back
@@ -30,31 +31,24 @@ from orchestrator.config import Config
 from orchestrator.core.environments import Environment
 from orchestrator.core.evals import EvalTask
 from orchestrator.core.sink import TrainSink
-from orchestrator.daemon.admission import Admission
-from orchestrator.daemon.dispatcher import Dispatcher
 from orchestrator.daemon.ending import (
     account_for_a_stopped_run,
     drain_groups,
     stop_gracefully_when_asked,
     wait_until_trained,
 )
-from orchestrator.daemon.evaluation import Evaluator
 from orchestrator.daemon.inference.credentials import BearerToken
-from orchestrator.daemon.inference.http_clients import open_clients
-from orchestrator.daemon.inference.server_pool import ServerPool, serve_health_prober
+from orchestrator.daemon.inference.server_pool import serve_health_prober
 from orchestrator.daemon.interpreter import tune_interpreter_for_the_loop, untune_interpreter
-from orchestrator.daemon.metrics import CollectionTimes, start_metrics
+from orchestrator.daemon.metrics import start_metrics
 from orchestrator.daemon.pass_budget import keep_passes_short
-from orchestrator.daemon.payload_files.disk import PayloadDeleter, measure_tree
-from orchestrator.daemon.policy import PolicyWatcher
-from orchestrator.daemon.reporting.progress_file import ProgressFile, RunFigures
-from orchestrator.daemon.reporting.progress_report import ProgressReporter, serve_progress_report
-from orchestrator.daemon.reporting.run_lines import RunLines
-from orchestrator.daemon.reporting.stall import StallWatch, serve_stall_watch
+from orchestrator.daemon.payload_files.disk import measure_tree
+from orchestrator.daemon.reporting.progress_report import serve_progress_report
+from orchestrator.daemon.reporting.stall import serve_stall_watch
 from orchestrator.daemon.reporting.wandb_log import open_wandb_log
 from orchestrator.daemon.run_state import RunState
-from orchestrator.daemon.settings import inflight_limit, probe_settings, sink_limits
-from orchestrator.daemon.shipper import Shipper
+from orchestrator.daemon.services import FILE_THREADS, RunInputs, Services, open_services
+from orchestrator.daemon.settings import probe_settings, sink_limits
 from orchestrator.daemon.startup import (
     StartPoint,
     check_moe_reload,
@@ -63,7 +57,6 @@ from orchestrator.daemon.startup import (
     wipe_payload_root,
 )
 from orchestrator.daemon.stop import Stop
-from orchestrator.daemon.sweep import Sweeper
 from orchestrator.handoff import HandoffFormat, load_progress
 
 log = structlog.get_logger(__name__)
@@ -80,47 +73,6 @@ class RunOutcome:
     duration_s: float
     urls: tuple[str, ...]
     stopped: bool = False
-
-
-@attrs.frozen
-class Services:
-    """The run's services that share its state, built before any of them starts."""
-
-    config: Config
-    state: RunState
-    sink: TrainSink
-    file_limiter: trio.CapacityLimiter
-    figures: RunFigures
-    progress: ProgressFile
-    admission: Admission
-    sweeper: Sweeper
-    shipper: Shipper
-    lines: RunLines
-
-    @classmethod
-    def build(
-        cls, config: Config, handoff: HandoffFormat, state: RunState, sink: TrainSink
-    ) -> Services:
-        limiter = trio.CapacityLimiter(4)
-        lines = RunLines(config.steps_file, config.evals_file, limiter)
-        deleter = PayloadDeleter(config.payload_root, state.payload, limiter)
-        figures = RunFigures(
-            state,
-            sink,
-            StallWatch(config.progress.stall_warning_s, trio.current_time()),
-            ProgressReporter(config.progress.report_interval_s),
-            config.batch.size,
-            config.inference.max_inflight,
-        )
-        progress = ProgressFile(config.state_dir, figures, limiter)
-        admission = Admission(state, sink, deleter, inflight_limit(config))
-        sweeper = Sweeper(state, sink, deleter, progress)
-        shipper = Shipper(
-            config, handoff, state, sink, deleter, admission, figures, progress, lines
-        )
-        return cls(
-            config, state, sink, limiter, figures, progress, admission, sweeper, shipper, lines
-        )
 
 
 async def run_daemon(
@@ -155,48 +107,47 @@ async def run_daemon(
     `evals`: the tasks of `[[eval.env]]`, evaluated when `[eval]` says (none: no evals).
     """
     started = time.monotonic()
+    inputs = RunInputs(
+        tuple(servers), environment, handoff, tuple(evals), token, tuple(metrics_sockets)
+    )
     state = RunState.new(
         config.staleness, max_steps=config.max_steps, routing_shape=config.routing_shape
     )
-    services = Services.build(config, handoff, state, TrainSink(sink_limits(config)))
+    sink = TrainSink(sink_limits(config))
     # A run ends gracefully on its own too (a fleet that refuses every request): with a
     # stop of its own when the caller gave none.
     stop = Stop(grace_s=config.shutdown.grace_s) if stop is None else stop
-    scope = stop.scope
     start = StartPoint(0, resumed=False)
     async with open_wandb_log(config) as wandb:
-        services.lines.mirror_to(wandb)
-        with scope, keep_passes_short():
-            # Before anything changes: a run the servers would silently get wrong.
-            await check_moe_reload(config, servers, token)
-            with trio.CancelScope(shield=True):  # a worker thread finishes it anyway
-                start = await trio.to_thread.run_sync(_find_start, config, handoff, state)
-            await trio.lowlevel.checkpoint()  # a stop asked for already: nothing done
-            await _serve(
-                services,
-                start,
-                servers,
-                environment,
-                evals,
-                token,
-                stop,
-                metrics_sockets,
-                task_status,
-            )
-    stopped = scope.cancelled_caught
+        with stop.scope, keep_passes_short():
+            start = await _prepare(config, inputs, state)
+            resumed = start.resumed
+            async with open_services(config, inputs, state, sink, resumed=resumed) as services:
+                services.lines.mirror_to(wandb)
+                await _serve(services, start, stop, task_status)
+    stopped = stop.scope.cancelled_caught
     if stopped:
         await account_for_a_stopped_run(config, handoff, state, stop)
     else:
-        _, on_disk = await measure_tree(config.payload_root, limiter=services.file_limiter)
+        limiter = trio.CapacityLimiter(FILE_THREADS)
+        _, on_disk = await measure_tree(config.payload_root, limiter=limiter)
         state.payload.record_measured(on_disk)
-    return RunOutcome(
-        state,
-        services.sink,
-        start.resume_step + 1,
-        time.monotonic() - started,
-        tuple(servers),
-        stopped=stopped,
-    )
+    duration_s = time.monotonic() - started
+    return RunOutcome(state, sink, start.resume_step + 1, duration_s, inputs.servers, stopped)
+
+
+async def _prepare(config: Config, inputs: RunInputs, state: RunState) -> StartPoint:
+    """Before any service starts: refuse a run the servers would silently get wrong, find
+    where the run starts, and wipe a fresh run's payload root (a refused root stops the run
+    with nothing done)."""
+    await check_moe_reload(config, inputs.servers, inputs.token)
+    with trio.CancelScope(shield=True):  # a worker thread finishes it anyway
+        start = await trio.to_thread.run_sync(_find_start, config, inputs.handoff, state)
+    await trio.lowlevel.checkpoint()  # a stop asked for already: nothing done
+    if not start.resumed:
+        log.info("fresh run", payload_root=str(config.payload_root))
+        await wipe_payload_root(config.payload_root)
+    return start
 
 
 def _find_start(config: Config, handoff: HandoffFormat, state: RunState) -> StartPoint:
@@ -209,124 +160,83 @@ def _find_start(config: Config, handoff: HandoffFormat, state: RunState) -> Star
 
 
 async def _serve(
-    services: Services,
-    start: StartPoint,
-    servers: Sequence[str],
-    environment: Environment,
-    evals: Sequence[EvalTask],
-    token: BearerToken | None,
-    stop: Stop,
-    metrics_sockets: Sequence[socket.socket],
-    task_status: trio.TaskStatus[RunState],
+    services: Services, start: StartPoint, stop: Stop, task_status: trio.TaskStatus[RunState]
 ) -> None:
-    config, state, sink = services.config, services.state, services.sink
-    if not start.resumed:
-        # Before anything starts, so that a refused root stops the run with nothing done.
-        log.info("fresh run", payload_root=str(config.payload_root))
-        await wipe_payload_root(config.payload_root)
+    """Start every service in order, run until the last batch is trained on (or forever
+    without `max_steps`), then cancel them all; save progress however it ends."""
+    config, state = services.config, services.state
     switch_interval: float | None = None
     try:
-        # The clients outlive the nursery: no task can find them closed while it is being
-        # cancelled.
-        async with (
-            open_clients(
-                config.inference.max_inflight,
-                max_reply_bytes=config.max_reply_bytes,
-                max_buffered_reply_bytes=config.max_buffered_reply_bytes,
-                token=token,
-            ) as clients,
-            trio.open_nursery() as nursery,
-        ):
-            pool = ServerPool.of(servers, on_change=state.notify)
-            collections = CollectionTimes() if config.metrics.listen else None
-            policy = PolicyWatcher(
-                config,
-                state,
-                clients.control,
-                pool,
-                services.sweeper.sweep,
-                services.file_limiter,
-                collection_times=collections,
-            )
-            await nursery.start(
-                serve_health_prober, pool, clients.control, probe_settings(config), state
-            )
-            if start.resumed:
-                await _resume(config, state, policy, start.resume_step)
-            await services.progress.save()
-            dispatcher = Dispatcher(
-                config,
-                state,
-                environment,
-                clients.generate,
-                services.admission.admit,
-                sink,
-                services.file_limiter,
-                pool,
-            )
-            if collections is not None:
-                await start_metrics(
-                    config.metrics.listen,
-                    nursery,
-                    state,
-                    sink,
-                    collections,
-                    sockets=metrics_sockets,
-                )
-            await nursery.start(policy.serve)
-            await nursery.start(services.shipper.serve)
-            services.admission.start()
-            evaluator = None
-            if evals:
-                evaluator = Evaluator(
-                    config,
-                    state,
-                    evals,
-                    clients.generate,
-                    pool,
-                    services.lines,
-                    resumed=start.resumed,
-                )
-                await nursery.start(evaluator.serve)
-            await nursery.start(dispatcher.serve)
-            figures = services.figures
-            await nursery.start(
-                serve_stall_watch, figures.stall, figures.snapshot, services.progress.save
-            )
-            await nursery.start(
-                functools.partial(serve_progress_report, started_at=figures.stall.started_at),
-                figures.reporter,
-                figures.snapshot,
-                services.progress.save,
-            )
-            if start.resumed and start.resume_step > 0:
-                # The start-up collection (docs/design.md §7) runs like any policy
-                # update's, beside the rollouts of the applied version: over a root of a
-                # million files it takes minutes that the servers would otherwise sit idle.
-                nursery.start_soon(_settle_resumed, policy, start.resume_step)
+        async with trio.open_nursery() as nursery:
+            await _start_services(services, start, nursery)
             switch_interval = tune_interpreter_for_the_loop()
             task_status.started(state)
             stop_gracefully_when_asked(stop, state, nursery)
             nursery.start_soon(_stop_when_refused, state, stop)
-            if config.max_steps:
-                await wait_until_trained(state, config.max_steps)
-                await drain_groups(state, config.inference.request_timeout_s)
-                if evaluator is not None:
-                    # The last version's eval, with the whole fleet now.
-                    await evaluator.wait_caught_up(config.max_steps)
-                # Stale groups stopped since the last collection wrote into versions
-                # below the bound until their last request returned: collect again.
-                await policy.collect(state.versions.applied)
-                await services.sweeper.drop_everything_queued()
-                nursery.cancel_scope.cancel()
-            else:
-                await trio.sleep_forever()
+            await _run_to_the_end(services)
+            nursery.cancel_scope.cancel()
     finally:
         untune_interpreter(switch_interval)
         # Stopped by a signal or an error too: save what is known, within the grace time.
         with trio.move_on_after(config.shutdown.grace_s) as cleanup:
             cleanup.shield = True
             await services.progress.save()
+
+
+async def _start_services(services: Services, start: StartPoint, nursery: trio.Nursery) -> None:
+    """The services, started in order: the prober first (a resumed run loads its version
+    on the servers it finds up), the dispatcher after everything that takes its groups."""
+    config, state, figures = services.config, services.state, services.figures
+    await nursery.start(
+        serve_health_prober, services.pool, services.control, probe_settings(config), state
+    )
+    if start.resumed:
+        await _resume(services, start.resume_step)
+    await services.progress.save()
+    if services.collection_times is not None:
+        await start_metrics(
+            config.metrics.listen,
+            nursery,
+            state,
+            services.sink,
+            services.collection_times,
+            sockets=services.inputs.metrics_sockets,
+        )
+    await nursery.start(services.policy.serve)
+    await nursery.start(services.shipper.serve)
+    services.admission.start()
+    if services.evaluator is not None:
+        await nursery.start(services.evaluator.serve)
+    await nursery.start(services.dispatcher.serve)
+    await nursery.start(serve_stall_watch, figures.stall, figures.snapshot, services.progress.save)
+    await nursery.start(
+        functools.partial(serve_progress_report, started_at=figures.stall.started_at),
+        figures.reporter,
+        figures.snapshot,
+        services.progress.save,
+    )
+    if start.resumed and start.resume_step > 0:
+        # The start-up collection (docs/design.md §7) runs like any policy update's,
+        # beside the rollouts of the applied version: over a root of a million files it
+        # takes minutes that the servers would otherwise sit idle.
+        nursery.start_soon(_settle_resumed, services, start.resume_step)
+
+
+async def _run_to_the_end(services: Services) -> None:
+    """Until `max_steps` batches are trained on, the groups drained, the last eval done
+    and the last collection made; forever without `max_steps`."""
+    config, state = services.config, services.state
+    if not config.max_steps:
+        await trio.sleep_forever()
+    await wait_until_trained(state, config.max_steps)
+    await drain_groups(state, config.inference.request_timeout_s)
+    if services.evaluator is not None:
+        # The last version's eval, with the whole fleet now.
+        await services.evaluator.wait_caught_up(config.max_steps)
+    # Stale groups stopped since the last collection wrote into versions below the bound
+    # until their last request returned: collect again.
+    await services.policy.collect(state.versions.applied)
+    await services.sweeper.drop_everything_queued()
 
 
 async def _stop_when_refused(state: RunState, stop: Stop) -> None:
@@ -336,8 +246,9 @@ async def _stop_when_refused(state: RunState, stop: Stop) -> None:
     stop.request("refused")
 
 
-async def _resume(config: Config, state: RunState, policy: PolicyWatcher, step: int) -> None:
+async def _resume(services: Services, step: int) -> None:
     """Go on after batch `step`: wait for the trainer to publish `v{step}`, then load it."""
+    config, state = services.config, services.state
     log.info("resuming", last_shipped=step, prompts_drawn=state.dispatch.prompts_drawn)
     state.shipping.next_step = step + 1
     await wait_for_version(
@@ -347,9 +258,9 @@ async def _resume(config: Config, state: RunState, policy: PolicyWatcher, step: 
         layout=config.trainer.weights_layout,
     )
     if step > 0:
-        await policy.load(step)
+        await services.policy.load(step)
 
 
-async def _settle_resumed(policy: PolicyWatcher, version: int) -> None:
-    await policy.settle(version)
-    log.info("resumed", version=version, bound=policy.state.versions.collected_below)
+async def _settle_resumed(services: Services, version: int) -> None:
+    await services.policy.settle(version)
+    log.info("resumed", version=version, bound=services.state.versions.collected_below)

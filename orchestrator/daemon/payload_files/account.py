@@ -3,8 +3,8 @@
 Neither a collection nor anything else the daemon does walks the payload root: on a
 network filesystem that does not cache attributes, a walk costs one round trip per file
 kept. The daemon counts instead. A file enters the account when its group's files are
-checked (`RolloutFinisher.check_files` stats each file a reply names: the size found on disk, never the
-size a reply claims), and leaves it when a discard deletes it or when a collection
+checked (`RolloutFinisher.check_files` stats each file a reply names: the size found on
+disk, never the size a reply claims), and leaves it when a discard deletes it or when a collection
 removes its version directory. Pure bookkeeping, no I/O.
 
 What it does not see: files a server wrote that no checked reply names (a request cut
