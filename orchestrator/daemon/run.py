@@ -87,24 +87,19 @@ async def run_daemon(
     metrics_sockets: Sequence[socket.socket] = (),
     task_status: trio.TaskStatus[RunState] = trio.TASK_STATUS_IGNORED,
 ) -> RunOutcome:
-    """Run the orchestrator against `servers` on `environment`'s prompts, shipping in the
-    `handoff` format, until `max_steps` batches are trained on, until `stop` is requested,
-    or until cancelled.
-
-    Reports its `RunState` through `task_status` once dispatching has started, so a test
-    or a status endpoint can watch it. Raises `UserError` for a start-up refusal (a payload
-    root the wipe refuses; a mixture-of-experts model with `weight_update = "vllm"`
-    against a vLLM that does not reload its experts, `check_moe_reload`),
-    `InferenceUnavailable` when servers stay away too long.
+    """Run the orchestrator until `max_steps` batches are trained on, until `stop` is
+    requested, or until cancelled; its `RunState` goes to `task_status` once dispatching
+    has started, so a test or a status endpoint can watch it. Raises `UserError` for a
+    start-up refusal (a payload root the wipe refuses; a mixture-of-experts model with
+    `weight_update = "vllm"` against a vLLM that does not reload its experts,
+    `check_moe_reload`), `InferenceUnavailable` when servers stay away too long.
 
     `stop` (the `run` command's signals): a request stops the run gracefully once
     dispatching, at once before (see `orchestrator.daemon.stop`); the outcome says so.
     A fleet that refuses every request with the same client error for
     `inference.refusal_stop_s` stops the run the same way (`orchestrator.core.refusals`):
     the outcome is stopped and `state.dispatch.refused` says why.
-    `metrics_sockets`: the metrics listener, bound beforehand. `token`: the servers'
-    bearer token (`orchestrator.daemon.inference.credentials`), sent with every request.
-    `evals`: the tasks of `[[eval.env]]`, evaluated when `[eval]` says (none: no evals).
+    The other arguments are what the run runs against: see `services.RunInputs`.
     """
     started = time.monotonic()
     inputs = RunInputs(
@@ -126,14 +121,22 @@ async def run_daemon(
                 services.lines.mirror_to(wandb)
                 await _serve(services, start, stop, task_status)
     stopped = stop.scope.cancelled_caught
-    if stopped:
-        await account_for_a_stopped_run(config, handoff, state, stop)
-    else:
-        limiter = trio.CapacityLimiter(FILE_THREADS)
-        _, on_disk = await measure_tree(config.payload_root, limiter=limiter)
-        state.payload.record_measured(on_disk)
+    await _account_for_the_end(config, handoff, state, stop if stopped else None)
     duration_s = time.monotonic() - started
     return RunOutcome(state, sink, start.resume_step + 1, duration_s, inputs.servers, stopped)
+
+
+async def _account_for_the_end(
+    config: Config, handoff: HandoffFormat, state: RunState, stop: Stop | None
+) -> None:
+    """A run `stop` ended: what it left (`ending.account_for_a_stopped_run`); a finished
+    one: the bytes left on disk, measured."""
+    if stop is not None:
+        await account_for_a_stopped_run(config, handoff, state, stop)
+        return
+    limiter = trio.CapacityLimiter(FILE_THREADS)
+    _, on_disk = await measure_tree(config.payload_root, limiter=limiter)
+    state.payload.record_measured(on_disk)
 
 
 async def _prepare(config: Config, inputs: RunInputs, state: RunState) -> StartPoint:

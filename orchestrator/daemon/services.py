@@ -49,9 +49,11 @@ FILE_THREADS = 4
 
 @attrs.frozen
 class RunInputs:
-    """What a run runs against (the arguments of `run_daemon`): the servers and their
-    bearer token, the environment, the hand-off format, the eval tasks, and the metrics
-    listener bound beforehand."""
+    """What a run runs against (the arguments of `run_daemon`): the servers' URLs and
+    their bearer token (`inference.credentials`, sent with every request), the environment
+    its prompts and rewards come from, the hand-off format it ships in, the tasks of
+    `[[eval.env]]` (evaluated when `[eval]` says; none: no evals), and the metrics
+    listener, bound beforehand (`preflight`)."""
 
     servers: tuple[str, ...]
     environment: Environment
