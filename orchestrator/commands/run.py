@@ -75,6 +75,7 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
     from orchestrator.daemon import RunOutcome, Stop
     from orchestrator.daemon.inference.server_pool import InferenceUnavailable
     from orchestrator.daemon.preflight import preflight
+    from orchestrator.daemon.run_totals import run_totals
     from orchestrator.logs import configure_logging
 
     config = config_from_args(args)
@@ -118,12 +119,11 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
         stopped=stopped,
     )
     data = summary_data(
-        outcome.state,
-        dict(outcome.sink.counters),
+        run_totals(outcome.state, outcome.sink),
         invariants,
         duration_s=outcome.duration_s,
         first_step=outcome.first_step,
-        by_env=outcome.sink.by_env,
+        evaluation=outcome.state.evaluation,
     )
     data["stopped_by"] = stop.reason if stopped else None
     data["forced_by"] = stop.forced_by if stopped else None

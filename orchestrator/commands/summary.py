@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 from payload_gc import PayloadGCError, RootMissing, human_bytes, scan_root
 
-from orchestrator.core.sink import EnvTally
-from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.run_state import Evaluation
+from orchestrator.daemon.run_totals import RunTotals
 from orchestrator.handoff import HandoffFormat, HandoffSettings
 
 
@@ -112,49 +111,47 @@ def _dropped_detail(report: dict[str, Any]) -> str:
 
 
 def summary_data(
-    state: RunState,
-    discards: dict[str, int],
+    totals: RunTotals,
     invariants: list[Invariant],
     *,
     duration_s: float,
     first_step: int,
-    by_env: Mapping[str, EnvTally] | None = None,
+    evaluation: Evaluation | None = None,
 ) -> dict[str, Any]:
-    """The summary's figures as JSON-able data (`--summary-json`); `by_env` is the sink's
-    tally by environment."""
+    """The summary's figures as JSON-able data (`--summary-json`): the run's `totals` at
+    its end, its invariants, and its evals (`evaluation`, the run state's)."""
     return {
-        "steps": state.shipping.next_step - 1,
+        "steps": totals.last_shipped,
         "first_step": first_step,
-        "applied_version": state.versions.applied,
-        "bound": state.versions.collected_below,
+        "applied_version": totals.applied_version,
+        "bound": totals.collected_below,
         "duration_s": round(duration_s, 2),
-        "rollouts": dict(state.dispatch.rollouts),
-        "failures": dict(state.dispatch.failures),
-        "discards": discards,
-        "payload_files_written": state.payload.files_written,
-        "payload_bytes_written": state.payload.bytes_written,
-        "files_deleted": dict(state.payload.files_deleted),
-        "bytes_deleted": dict(state.payload.bytes_deleted),
-        "peak_payload_bytes": state.payload.peak_bytes,
-        "final_payload_bytes": state.payload.bytes,
+        "rollouts": dict(totals.rollouts),
+        "failures": dict(totals.failures),
+        "discards": dict(totals.discards),
+        "payload_files_written": totals.files_written,
+        "payload_bytes_written": totals.bytes_written,
+        "files_deleted": dict(totals.files_deleted),
+        "bytes_deleted": dict(totals.bytes_deleted),
+        "peak_payload_bytes": totals.peak_payload_bytes,
+        "final_payload_bytes": totals.payload_bytes,
         "envs": {
             name: {
-                "scored": tally.scored,
-                "mean_reward": None if tally.mean_reward is None else round(tally.mean_reward, 4),
-                "shipped": tally.shipped,
-                "discards": dict(tally.discards),
-                "prompts_skipped": state.dispatch.prompts_skipped.get(name, 0),
+                "scored": env.scored,
+                "mean_reward": None if env.mean_reward is None else round(env.mean_reward, 4),
+                "shipped": env.shipped,
+                "discards": dict(env.discards),
+                "prompts_skipped": env.prompts_skipped,
             }
-            for name, tally in sorted((by_env or {}).items())
+            for name, env in totals.envs.items()
         },
-        "evals": _evals_data(state),
+        "evals": None if evaluation is None else _evals_data(evaluation),
         "invariants": [attrs.asdict(i) for i in invariants],
     }
 
 
-def _evals_data(state: RunState) -> dict[str, Any] | None:
+def _evals_data(evaluation: Evaluation) -> dict[str, Any] | None:
     """The run's evals: how many, their failures, and the last one's line (None: no eval)."""
-    evaluation = state.evaluation
     if evaluation.last is None:
         return None
     return {

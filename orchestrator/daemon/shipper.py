@@ -29,6 +29,7 @@ from orchestrator.daemon.payload_files.disk import PayloadDeleter
 from orchestrator.daemon.reporting.progress_file import ProgressFile, RunFigures
 from orchestrator.daemon.reporting.run_lines import RunLines
 from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.run_totals import RunTotals, run_totals
 from orchestrator.handoff import HandoffFormat, HandoffSettings, NothingToShip, Shipment
 
 log = structlog.get_logger(__name__)
@@ -92,16 +93,16 @@ class Shipper:
             self.admission.batch_shipped()
             state.notify()
             await self.progress.save()
-            self._log_shipped(step, samples, shipment)
-            await self.lines.step(self.step_line(step, samples, shipment))
+            totals = run_totals(self.state, self.sink)
+            self._log_shipped(step, samples, shipment, totals)
+            await self.lines.step(self.step_line(step, samples, shipment, totals))
 
     def step_line(
-        self, step: int, samples: list[TrainSample], shipment: Shipment
+        self, step: int, samples: list[TrainSample], shipment: Shipment, totals: RunTotals
     ) -> dict[str, Any]:
         """The `steps.jsonl` line of a shipped batch: its samples' rewards (by env) and
         staleness, and the run's running totals then (rollouts, discards, failures,
         payload bytes and deletions), from which the report draws rates and curves."""
-        state, payload = self.state, self.state.payload
         by_env: defaultdict[str, list[float]] = defaultdict(list)
         for sample in samples:
             by_env[sample.env].append(sample.reward)
@@ -110,25 +111,26 @@ class Shipper:
         return {
             "step": step,
             "time": round(time.time(), 3),
-            "version": state.versions.applied,
+            "version": totals.applied_version,
             "samples": shipment.samples,
             "reward_mean": _mean(rewards),
             "reward_by_env": {env: _mean(values) for env, values in sorted(by_env.items())},
             "staleness_max": max(staleness, default=0),
             "staleness_mean": _mean(staleness),
-            "rollouts": dict(state.dispatch.rollouts),
-            "failures": dict(state.dispatch.failures),
-            "discards": dict(self.sink.counters),
+            "rollouts": totals.rollouts,
+            "failures": totals.failures,
+            "discards": totals.discards,
             "inflight_limit": self.figures.inflight_limit,
-            "payload_bytes": payload.bytes,
-            "payload_files": payload.account.files,
-            "bytes_deleted": dict(payload.bytes_deleted),
-            "files_deleted": dict(payload.files_deleted),
-            "collected_below": state.versions.collected_below,
+            "payload_bytes": totals.payload_bytes,
+            "payload_files": totals.payload_files,
+            "bytes_deleted": totals.bytes_deleted,
+            "files_deleted": totals.files_deleted,
+            "collected_below": totals.collected_below,
         }
 
-    def _log_shipped(self, step: int, samples: list[TrainSample], shipment: Shipment) -> None:
-        state, sink = self.state, self.sink
+    def _log_shipped(
+        self, step: int, samples: list[TrainSample], shipment: Shipment, totals: RunTotals
+    ) -> None:
         extra = (
             {}
             if shipment.micro_batches is None
@@ -137,19 +139,18 @@ class Shipper:
                 "dropped": len(shipment.dropped),
             }
         )
-        payload = state.payload
         log.info(
             "shipped batch",
             step=step,
-            version=state.versions.applied,
+            version=totals.applied_version,
             samples=shipment.samples,
             groups=len({s.group_id for s in samples}),
             staleness=max(step - 1 - s.start_version for s in samples),
-            discards=dict(sink.counters),
-            files_deleted=sum(payload.files_deleted.values()),
+            discards=totals.discards,
+            files_deleted=sum(totals.files_deleted.values()),
             # The running account (docs/design.md §8): the root is not walked.
-            payload_files=payload.account.files,
-            payload_bytes=payload.bytes,
+            payload_files=totals.payload_files,
+            payload_bytes=totals.payload_bytes,
             batch=str(shipment.path),
             **extra,
         )

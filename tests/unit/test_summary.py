@@ -7,35 +7,39 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
+from sample_kit import train_sample
+
 from orchestrator.commands.summary import (
     check_invariants,
     invariants_hold,
     render_summary,
     summary_data,
 )
+from orchestrator.core.sink import SinkLimits, TrainSink
 from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.run_state import RunState, Shipping
-from orchestrator.handoff import NATIVE_FORMAT, HandoffSettings, TrainSample, publish_batch
+from orchestrator.daemon.run_totals import RunTotals, run_totals
+from orchestrator.handoff import NATIVE_FORMAT, HandoffSettings, publish_batch
 
 
-def sample() -> TrainSample:
-    return TrainSample(
-        group_id="g",
-        rollout_id="r",
-        start_version=0,
-        dispatch_version=0,
-        reward=1.0,
-        advantage=0.5,
-        token_ids=(1, 2, 3),
-        loss_mask=(0, 1, 1),
-        logprobs=(0.0, -0.1, -0.2),
+def totals_of(state: RunState) -> RunTotals:
+    """`state`'s totals with an empty sink (the summary's invariants are the subject)."""
+    limits = SinkLimits(
+        batch_size=4,
+        constant_size=True,
+        staleness=state.staleness,
+        curriculum_min_mean_reward=0.0,
+        curriculum_max_mean_reward=1.0,
+        max_seq_len=64,
     )
+    return run_totals(state, TrainSink(limits))
 
 
 def layout(tmp_path: Path, steps: list[int], dirs: list[str], violations: int) -> dict[str, Any]:
     batches, root = tmp_path / "batches", tmp_path / "payloads"
     for step in steps:
-        publish_batch(batches, step, [sample()], fsync=False)
+        publish_batch(batches, step, [train_sample()], fsync=False)
     for name in dirs:
         (root / name).mkdir(parents=True)
     report = tmp_path / "report.json"
@@ -60,7 +64,8 @@ def test_each_broken_invariant_is_reported(tmp_path: Path) -> None:
     assert [i.held for i in invariants] == [False, False, False]
     assert "left below v2: [0, 1]" in invariants[2].detail
     state = RunState(Staleness(2, 1), Shipping(3))
-    data = summary_data(state, {"stale": 1}, invariants, duration_s=1.0, first_step=1)
+    totals = attrs.evolve(totals_of(state), discards={"stale": 1})
+    data = summary_data(totals, invariants, duration_s=1.0, first_step=1)
     assert not invariants_hold(data)
     text = render_summary(data)
     assert text.count("FAIL") == 3 and "stale 1" in text
@@ -72,7 +77,7 @@ def test_no_trainer_report_is_not_a_failure(tmp_path: Path) -> None:
     invariants = check_invariants(**paths, last_step=1, bound=None)
     assert [i.held for i in invariants] == [True, None, None]
     state = RunState(Staleness(2, 1), Shipping(1))
-    assert invariants_hold(summary_data(state, {}, invariants, duration_s=0, first_step=1))
+    assert invariants_hold(summary_data(totals_of(state), invariants, duration_s=0, first_step=1))
 
 
 def test_dropped_samples_are_shown_by_server_and_fail_nothing(tmp_path: Path) -> None:
@@ -86,7 +91,7 @@ def test_dropped_samples_are_shown_by_server_and_fail_nothing(tmp_path: Path) ->
     detail = invariants[1].detail
     assert f"4 samples dropped for broken payloads ({a} 2, {b} 1, unknown server 1)" in detail
     state = RunState(Staleness(2, 1), Shipping(3))
-    data = summary_data(state, {}, invariants, duration_s=1.0, first_step=1)
+    data = summary_data(totals_of(state), invariants, duration_s=1.0, first_step=1)
     assert invariants_hold(data)
     assert "4 samples dropped" in render_summary(data)
 

@@ -13,6 +13,7 @@ from orchestrator.core.rollouts import Discard
 from orchestrator.core.sink import TrainSink
 from orchestrator.daemon.metrics.recorders import CollectionTimes, LoopStats
 from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.run_totals import RunTotals, run_totals
 
 # Label values reported even at zero, so that `rate()` and alerts see a series from the
 # first scrape on instead of one that appears with the first event. Values found in the
@@ -67,67 +68,68 @@ class RunCollector:
     sink: TrainSink
 
     def collect(self) -> Iterator[Metric]:
-        state, sink, p = self.state, self.sink, "orchestrator_"
-        step = state.shipping.last_shipped  # the last batch shipped (0 before the first)
+        state, p = self.state, "orchestrator_"
+        totals = run_totals(state, self.sink)
+        step = totals.last_shipped  # the last batch shipped (0 before the first)
         yield _by_label(
             f"{p}rollouts_total",
             "Rollouts finished, by outcome (completed, failed, poisoned).",
             "outcome",
             ROLLOUT_OUTCOMES,
-            state.dispatch.rollouts,
+            totals.rollouts,
         )
         yield _by_label(
             f"{p}rollout_failures_total",
             "Failed inference requests and poisoned payloads, by kind.",
             "kind",
             FAILURE_KINDS,
-            state.dispatch.failures,
+            totals.failures,
         )
         yield _by_label(
             f"{p}discards_total",
             "Units (samples, or rollouts without samples) discarded by the sink, by reason.",
             "reason",
             DISCARD_REASONS,
-            sink.counters,
+            totals.discards,
         )
         yield _by_label(
             f"{p}payload_files_deleted_total",
             "Payload files deleted, by path (discard, sweep, collection, wipe).",
             "path",
             DELETION_PATHS,
-            state.payload.files_deleted,
+            totals.files_deleted,
         )
         yield _by_label(
             f"{p}payload_bytes_deleted_total",
             "Payload bytes deleted, by path (discard, sweep, collection, wipe).",
             "path",
             DELETION_PATHS,
-            state.payload.bytes_deleted,
+            totals.bytes_deleted,
         )
         yield CounterMetricFamily(
             f"{p}payload_files_written_total",
             "Payload files written by inference servers for this run's rollouts.",
-            value=state.payload.files_written,
+            value=totals.files_written,
         )
         yield CounterMetricFamily(
             f"{p}payload_bytes_written_total",
             "Payload bytes written by inference servers for this run's rollouts.",
-            value=state.payload.bytes_written,
+            value=totals.bytes_written,
         )
         yield GaugeMetricFamily(
             f"{p}payload_disk_bytes",
             "Bytes under the payload root at the last measurement.",
-            value=state.payload.bytes,
+            value=totals.payload_bytes,
         )
         yield GaugeMetricFamily(
             f"{p}payload_disk_peak_bytes",
             "The most bytes measured under the payload root during this run.",
-            value=state.payload.peak_bytes,
+            value=totals.peak_payload_bytes,
         )
         yield GaugeMetricFamily(
             f"{p}applied_version",
             "The policy version rollouts are dispatched under.",
-            value=state.versions.applied,
+            value=totals.applied_version,
         )
         yield GaugeMetricFamily(
             f"{p}step", "The last batch shipped to the trainer (0 before the first).", value=step
@@ -135,17 +137,17 @@ class RunCollector:
         yield GaugeMetricFamily(  # no sample before the first collection
             f"{p}collection_bound",
             "The last collection bound: every v<k> directory with k below it was deleted.",
-            value=state.versions.collected_below,
+            value=totals.collected_below,
         )
         yield GaugeMetricFamily(
             f"{p}staleness_steps",
             "Batches shipped ahead of the applied policy version (step - applied_version).",
-            value=step - state.versions.applied,
+            value=step - totals.applied_version,
         )
         yield GaugeMetricFamily(
             f"{p}inflight_rollouts",
             "Rollouts dispatched and not yet handed to the sink.",
-            value=state.dispatch.inflight_rollouts,
+            value=totals.inflight_rollouts,
         )
         yield GaugeMetricFamily(
             f"{p}inflight_limit",
@@ -155,14 +157,14 @@ class RunCollector:
         yield GaugeMetricFamily(
             f"{p}queued_samples",
             "Scored samples waiting in the sink for a batch.",
-            value=sink.queued_samples,
+            value=totals.queued_samples,
         )
         yield CounterMetricFamily(
             f"{p}samples_shipped_total",
             "Samples shipped to the trainer in batches.",
-            value=sink.shipped,
+            value=totals.samples_shipped,
         )
-        yield from _by_env(p, state, sink)
+        yield from _by_env(p, totals)
         yield from _evals(p, state)
 
 
@@ -220,10 +222,9 @@ def _evals(p: str, state: RunState) -> Iterator[Metric]:
     yield from (version, reward, pass_at, length)
 
 
-def _by_env(p: str, state: RunState, sink: TrainSink) -> Iterator[Metric]:
+def _by_env(p: str, totals: RunTotals) -> Iterator[Metric]:
     """The sink's tally by environment (its `[[env]]` name): mean reward is
     `env_reward_sum_total / env_rollouts_scored_total`."""
-    tallies = sorted(sink.by_env.items())
     scored = CounterMetricFamily(
         f"{p}env_rollouts_scored_total", "Rollouts scored, by environment.", labels=["env"]
     )
@@ -246,14 +247,14 @@ def _by_env(p: str, state: RunState, sink: TrainSink) -> Iterator[Metric]:
         "Prompts an environment skipped (a dataset row over the prompt budget), by environment.",
         labels=["env"],
     )
-    for env, tally in tallies:
-        scored.add_metric([env], tally.scored)
-        rewards.add_metric([env], tally.reward_sum)
-        shipped.add_metric([env], tally.shipped)
-        for reason, count in sorted(tally.discards.items()):
+    for env, env_totals in totals.envs.items():
+        scored.add_metric([env], env_totals.scored)
+        rewards.add_metric([env], env_totals.reward_sum)
+        shipped.add_metric([env], env_totals.shipped)
+        for reason, count in sorted(env_totals.discards.items()):
             discards.add_metric([env, reason], count)
-    for env, count in sorted(state.dispatch.prompts_skipped.items()):
-        skipped.add_metric([env], count)
+        if env_totals.prompts_skipped:
+            skipped.add_metric([env], env_totals.prompts_skipped)
     yield from (scored, rewards, shipped, discards, skipped)
 
 

@@ -12,6 +12,7 @@ import attrs
 
 from orchestrator.core.sink import TrainSink
 from orchestrator.daemon.run_state import RunState
+from orchestrator.daemon.run_totals import run_totals
 
 
 @attrs.frozen
@@ -41,22 +42,22 @@ class RunSnapshot:
 def snapshot(state: RunState, sink: TrainSink, *, needed: int, inflight_limit: int) -> RunSnapshot:
     """`state` and `sink` now; `needed` is the batch size."""
     step = state.shipping.next_step
-    dispatch = state.dispatch
+    totals = run_totals(state, sink)
     return RunSnapshot(
         step=step,
-        queued=sink.queued_samples,
+        queued=totals.queued_samples,
         needed=needed,
         gate_open=state.may_ship(step),
-        applied_version=state.versions.applied,
+        applied_version=totals.applied_version,
         idle=state.training_over,
-        discards=sink.counters,
-        failures=dict(dispatch.failures),
-        texts=dispatch.rejections.texts(),
-        inflight=dispatch.inflight_rollouts,
-        completed=dispatch.rollouts["completed"],
+        discards=totals.discards,
+        failures=totals.failures,
+        texts=state.dispatch.rejections.texts(),
+        inflight=totals.inflight_rollouts,
+        completed=totals.rollouts.get("completed", 0),
         inflight_limit=inflight_limit,
-        scored={env: tally.scored for env, tally in sink.by_env.items()},
-        reward_sums={env: tally.reward_sum for env, tally in sink.by_env.items()},
+        scored={env: env_totals.scored for env, env_totals in totals.envs.items()},
+        reward_sums={env: env_totals.reward_sum for env, env_totals in totals.envs.items()},
         settling=state.versions.settled < state.versions.applied,
     )
 
