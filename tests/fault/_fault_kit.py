@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import select
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
+from cli_kit import ORCHESTRATOR
 
 from orchestrator.config import Config, config_to_toml, load_config
 
@@ -26,7 +26,7 @@ SERVER_READY_DEADLINE_S = 30.0
 
 def orchestrator_command(*args: str) -> list[str]:
     """`python -m orchestrator.cli ARGS`, with the interpreter running the tests."""
-    return [sys.executable, "-m", "orchestrator.cli", *args]
+    return [*ORCHESTRATOR, *args]
 
 
 @attrs.define

@@ -6,7 +6,6 @@ read stops `run` before the payload root is touched."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,8 +14,8 @@ import httpx
 import pytest
 import structlog.testing
 import trio
+from cli_kit import ORCHESTRATOR, config_args, refused, run_cli
 
-from orchestrator.cli import main
 from orchestrator.commands.launch import launch_run
 from orchestrator.config import Config, load_config
 from orchestrator.daemon.run_state import RunState
@@ -138,17 +137,8 @@ def test_check_config_says_where_the_token_is_and_not_what_it_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("ORCH_CLOSED_KEY", TOKEN)
-    code = main(
-        [
-            "check-config",
-            str(SIM),
-            "--set",
-            f'run_dir="{tmp_path}"',
-            "--set",
-            'inference.api_key_env="ORCH_CLOSED_KEY"',
-        ]
-    )
-    out = capsys.readouterr().out
+    sets = (f'run_dir="{tmp_path}"', 'inference.api_key_env="ORCH_CLOSED_KEY"')
+    code, out, _ = run_cli(capsys, "check-config", *config_args(SIM, *sets, positional=True))
     assert code == 0
     assert '#   bearer token: read from inference.api_key_env = "ORCH_CLOSED_KEY"' in out
     assert 'api_key_env = "ORCH_CLOSED_KEY"' in out
@@ -164,12 +154,9 @@ def test_a_token_that_cannot_be_read_is_one_line_and_touches_nothing(
     kept.parent.mkdir(parents=True)
     kept.write_bytes(b"payload")
     absent = tmp_path / "no-key"
-    args = ["--config", str(SIM)] if command == "run" else [str(SIM)]
     sets = [f'run_dir="{run_dir}"', f'inference.api_key_file="{absent}"']
-    code = main([command, *args, *[arg for s in sets for arg in ("--set", s)]])
-    err = capsys.readouterr().err
-    assert code == 2
-    assert err == (
+    args = config_args(SIM, *sets, positional=command == "check-config")
+    assert refused(capsys, command, *args) == (
         f"orchestrator {command}: error: inference.api_key_file = "
         f'"{absent}": cannot read it: No such file or directory\n'
     )
@@ -211,8 +198,7 @@ async def test_run_ends_a_refused_fleet_with_exit_2_and_one_line(
         "sim.inference_servers=0",
         "sim.trainer=false",
     ]
-    command = [sys.executable, "-m", "orchestrator.cli", "run", "--config", str(SIM)]
-    command += [arg for s in sets for arg in ("--set", s)]
+    command = [*ORCHESTRATOR, "run", *config_args(SIM, *sets)]
     with trio.fail_after(90):
         done = await trio.run_process(
             command, capture_stdout=True, capture_stderr=True, check=False

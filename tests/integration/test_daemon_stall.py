@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import structlog.testing
 import trio
+from cli_kit import config_args
 
 from orchestrator.cli import main
 from orchestrator.commands.launch import launch_run
@@ -95,7 +96,7 @@ async def test_every_sample_too_long_warns_and_status_shows_it(
     assert progress.last_report is not None and progress.last_report.step == 1
     assert progress.needed_samples == config.batch.size
     capsys.readouterr()
-    argv = ["status", "--config", str(DEMO), *(arg for o in overrides for arg in ("--set", o))]
+    argv = ["status", *config_args(DEMO, *overrides)]
     with hold_run_lock(config.state_dir):
         assert main(argv) == 0
     out = capsys.readouterr().out

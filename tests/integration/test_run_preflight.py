@@ -8,34 +8,18 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_kit import ORCHESTRATOR, config_args, process_refused
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 
 
-def run_orchestrator(
-    run_dir: Path, payload_root: Path, *overrides: str
-) -> subprocess.CompletedProcess[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "orchestrator.cli",
-        "run",
-        "--config",
-        str(DEMO),
-        "--set",
-        f'run_dir="{run_dir}"',
-        "--set",
-        f'payload.root="{payload_root}"',
-        "--set",
-        "max_steps=1",
-        *(arg for override in overrides for arg in ("--set", override)),
-    ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+def run_command(run_dir: Path, payload_root: Path, *overrides: str) -> list[str]:
+    sets = (f'run_dir="{run_dir}"', f'payload.root="{payload_root}"', "max_steps=1")
+    return [*ORCHESTRATOR, "run", *config_args(DEMO, *sets, *overrides)]
 
 
 def marked_payload_root(tmp_path: Path) -> Path:
@@ -54,12 +38,10 @@ def tree(root: Path) -> dict[str, bytes]:
     }
 
 
-def assert_refused(result: subprocess.CompletedProcess[str], pattern: str) -> None:
-    assert result.returncode == 2, result.stderr[-3000:]
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    assert re.fullmatch(f"orchestrator run: error: {pattern}", lines[0]), lines[0]
+def assert_refused(command: list[str], pattern: str) -> None:
+    """`command` refuses in one line, `orchestrator run: error: ` and `pattern`."""
+    line = process_refused(command)
+    assert re.fullmatch(f"orchestrator run: error: {pattern}\n", line), line
 
 
 @pytest.fixture
@@ -79,10 +61,8 @@ def test_a_run_dir_below_a_regular_file_is_refused_before_anything_changes(
     root = marked_payload_root(tmp_path)
     before = tree(root)
 
-    result = run_orchestrator(run_dir, root)
-
     assert_refused(
-        result,
+        run_command(run_dir, root),
         re.escape(f"run_dir {run_dir} is not a writable directory: ")
         + re.escape(f"{tmp_path / 'not-a-dir'} is not a directory"),
     )
@@ -97,11 +77,10 @@ def test_an_unwritable_batches_dir_is_refused_before_the_wipe_and_progress(
     root = marked_payload_root(tmp_path)
     before = tree(root)
 
-    result = run_orchestrator(
-        run_dir, root, f'trainer.batches_dir="{tmp_path / "not-a-dir" / "batches"}"'
-    )
+    batches_dir = tmp_path / "not-a-dir" / "batches"
+    command = run_command(run_dir, root, f'trainer.batches_dir="{batches_dir}"')
 
-    assert_refused(result, r"trainer\.batches_dir .+ is not a writable directory: .+")
+    assert_refused(command, r"trainer\.batches_dir .+ is not a writable directory: .+")
     assert tree(root) == before
     assert not (run_dir / "orchestrator" / "progress.json").exists()
 
@@ -113,10 +92,8 @@ def test_a_metrics_port_in_use_is_refused_before_the_wipe_and_progress(
     root = marked_payload_root(tmp_path)
     before = tree(root)
 
-    result = run_orchestrator(run_dir, root, f'metrics.listen="127.0.0.1:{busy_port}"')
-
     assert_refused(
-        result,
+        run_command(run_dir, root, f'metrics.listen="127.0.0.1:{busy_port}"'),
         re.escape(f'metrics.listen = "127.0.0.1:{busy_port}": cannot listen there: ')
         + "address already in use",
     )
@@ -132,10 +109,8 @@ def test_an_unresolvable_metrics_host_is_refused_before_the_wipe_and_progress(
     root = marked_payload_root(tmp_path)
     before = tree(root)
 
-    result = run_orchestrator(run_dir, root, 'metrics.listen="name.invalid:9100"')
-
     assert_refused(
-        result,
+        run_command(run_dir, root, 'metrics.listen="name.invalid:9100"'),
         re.escape('metrics.listen = "name.invalid:9100": cannot resolve the host ')
         + "'name.invalid': .+",
     )
@@ -148,13 +123,14 @@ def test_the_metrics_listener_bound_up_front_is_the_one_that_serves(tmp_path: Pa
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    result = run_orchestrator(
+    command = run_command(
         tmp_path / "run",
         tmp_path / "payloads",
         f'metrics.listen="127.0.0.1:{port}"',
         "sim.train_time_s=0.05",
         "trainer.poll_interval_s=0.1",
     )
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f'"url": "http://127.0.0.1:{port}/metrics"' in result.stderr
     assert "== run summary ==" in result.stderr

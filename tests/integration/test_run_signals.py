@@ -12,7 +12,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,24 +19,14 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+from cli_kit import ORCHESTRATOR, config_args
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 
 
 def run_command(config: Path, run_dir: Path, *overrides: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "orchestrator.cli",
-        "run",
-        "--config",
-        str(config),
-        "--set",
-        f'run_dir="{run_dir}"',
-        "--set",
-        "trainer.poll_interval_s=0.1",
-        *(arg for override in overrides for arg in ("--set", override)),
-    ]
+    sets = (f'run_dir="{run_dir}"', "trainer.poll_interval_s=0.1")
+    return [*ORCHESTRATOR, "run", *config_args(config, *sets, *overrides)]
 
 
 # Every rollout request takes seconds (the local servers sleep per generated token), so

@@ -11,6 +11,7 @@ import attrs
 import numpy as np
 import pytest
 import trio
+from sample_kit import Turn, by_handle_sample, inline_sample
 
 from orchestrator.handoff import (
     BATCH_FILE,
@@ -20,13 +21,6 @@ from orchestrator.handoff import (
     published_versions,
     read_batch_file,
 )
-from orchestrator.payload import (
-    stitch_inline_masks,
-    stitch_inline_routing,
-    stitch_masks,
-    stitch_routing,
-    write_payload_file,
-)
 from orchestrator.sim.trainer import Dropped, SimTrainerConfig, TrainerStats, serve_trainer
 
 PROMPT, COMPLETION, LAYERS, TOP_K = 12, 8, 6, 4
@@ -35,55 +29,32 @@ LENGTH = PROMPT + COMPLETION
 SAMPLE_PAYLOAD_BYTES = LENGTH * LAYERS * TOP_K + LENGTH * 3 * 4
 
 
-def _arrays(seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _turn(seed: int) -> Turn:
+    """The routing and sampling mask of a one-turn sample, as a server returns them."""
     rng = np.random.default_rng(seed)
     routing = rng.integers(0, 64, size=(LENGTH - 1, LAYERS, TOP_K)).astype(np.uint8)
     mask = rng.integers(0, 500, size=(COMPLETION, 3)).astype(np.int32)
-    return routing, mask
+    return {"routed_experts": (routing, 0), "sampling_mask": (mask, PROMPT)}
 
 
-def _sample(seed: int, version: int, **payload: Any) -> TrainSample:
-    loss_mask = [0] * PROMPT + [1] * COMPLETION
-    return TrainSample(
-        group_id=f"g{seed}",
-        rollout_id=f"r{seed}",
-        start_version=version,
-        dispatch_version=version,
-        reward=1.0,
-        advantage=0.5,
-        token_ids=list(range(seed, seed + LENGTH)),
-        loss_mask=loss_mask,
-        logprobs=[-0.1 * bit for bit in loss_mask],
-        **payload,
-    )
-
-
-def by_handle_sample(payload_root: Path, seed: int, version: int = 0) -> TrainSample:
-    """A one-turn sample whose payload file is written like a server writes it."""
-    payload_dir = payload_root / f"v{version}"
-    routing, mask = _arrays(seed)
-    segments = write_payload_file(
-        payload_dir, {"routed_experts": (routing, 0), "sampling_mask": (mask, PROMPT)}
-    )
-    routed = stitch_routing([segments[0]], LENGTH, "repeat")
-    assert routed is not None
-    return _sample(
-        seed,
-        version,
-        payload_dir=str(payload_dir),
-        payload={"routed_experts": routed, "sampling_mask": stitch_masks([segments[1]], LENGTH)},
-    )
-
-
-def inline_sample(seed: int, version: int = 0) -> TrainSample:
-    routing, mask = _arrays(seed)
-    stitched = stitch_inline_routing([(routing, 0)], LENGTH, "repeat")
-    assert stitched is not None
-    inline = {
-        "routed_experts": stitched,
-        "sampling_mask": stitch_inline_masks([(mask, PROMPT)], LENGTH),
+def _fields(seed: int) -> dict[str, Any]:
+    """Sample `seed`'s own fields: its group, its rollout, tokens from `seed` on."""
+    return {
+        "prompt": PROMPT,
+        "logprob": -0.1,
+        "group_id": f"g{seed}",
+        "rollout_id": f"r{seed}",
+        "token_ids": range(seed, seed + LENGTH),
     }
-    return _sample(seed, version, inline=inline)
+
+
+def by_handle(payload_root: Path, seed: int) -> TrainSample:
+    """A one-turn sample whose payload file is written like a server writes it, in v0."""
+    return by_handle_sample(payload_root / "v0", [_turn(seed)], LENGTH, **_fields(seed))
+
+
+def inline(seed: int) -> TrainSample:
+    return inline_sample([_turn(seed)], LENGTH, **_fields(seed))
 
 
 @attrs.frozen
@@ -106,7 +77,7 @@ class Run:
         return attrs.evolve(config, **changes)
 
     def ship(self, step: int, seeds: range) -> Path:
-        samples = [by_handle_sample(self.payload_root, seed) for seed in seeds]
+        samples = [by_handle(self.payload_root, seed) for seed in seeds]
         return publish_batch(self.batches_dir, step, samples, fsync=False)
 
     def report(self) -> dict[str, object]:
@@ -137,7 +108,7 @@ async def test_trains_on_virtual_time_then_stops_after_max_steps(
     run: Run, autojump_clock: trio.testing.MockClock
 ) -> None:
     for step in (1, 2, 3):
-        samples = [by_handle_sample(run.payload_root, 10 * step), inline_sample(10 * step + 1)]
+        samples = [by_handle(run.payload_root, 10 * step), inline(10 * step + 1)]
         publish_batch(run.batches_dir, step, samples, fsync=False)
     start = trio.current_time()
     async with trio.open_nursery() as nursery:
@@ -236,7 +207,7 @@ async def test_a_corrupt_sample_is_dropped_named_and_no_violation(
 ) -> None:
     server = "http://127.0.0.1:8101"
     samples = [
-        attrs.evolve(by_handle_sample(run.payload_root, seed), server=f"http://127.0.0.1:810{seed}")
+        attrs.evolve(by_handle(run.payload_root, seed), server=f"http://127.0.0.1:810{seed}")
         for seed in range(3)
     ]
     batch_dir = publish_batch(run.batches_dir, 1, samples, fsync=False)

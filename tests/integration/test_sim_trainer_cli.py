@@ -5,69 +5,52 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_kit import ORCHESTRATOR, config_args, refused
+from sample_kit import by_handle_sample
 
 from orchestrator.cli import main
-from orchestrator.handoff import TrainSample, publish_batch, published_versions
-from orchestrator.payload import stitch_routing, write_payload_file
+from orchestrator.handoff import publish_batch, published_versions
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
+ERROR = "orchestrator sim-trainer: error: "
 
 
 def _settings(run_dir: Path, max_steps: int) -> list[str]:
-    return [
-        "--config",
-        str(CONFIG),
-        "--set",
+    return config_args(
+        CONFIG,
         f'run_dir="{run_dir}"',
-        "--set",
         f"max_steps={max_steps}",
-        "--set",
         "sim.train_time_s=0.0",
-        "--set",
         "trainer.force_polling=true",
-        "--set",
         "trainer.poll_interval_s=0.05",
-    ]
+    )
 
 
 def _command(run_dir: Path, max_steps: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "orchestrator.cli",
-        "sim-trainer",
-        *_settings(run_dir, max_steps),
-        "--log-json",
-    ]
+    return [*ORCHESTRATOR, "sim-trainer", *_settings(run_dir, max_steps), "--log-json"]
 
 
 def _ship(run_dir: Path, step: int) -> Path:
     """Ship one batch of one sample whose routing is in a real payload file under v0."""
     routing = np.arange(5 * 2 * 2, dtype=np.uint8).reshape(5, 2, 2)
-    [segment] = write_payload_file(run_dir / "payloads" / "v0", {"routed_experts": (routing, 0)})
-    stitched = stitch_routing([segment], 6, "repeat")
-    assert stitched is not None
-    sample = TrainSample(
-        group_id="g",
-        rollout_id=f"r{step}",
-        start_version=0,
-        dispatch_version=0,
-        reward=1.0,
+    payload_dir = run_dir / "payloads" / "v0"
+    sample = by_handle_sample(
+        payload_dir,
+        [{"routed_experts": (routing, 0)}],
+        6,
+        prompt=3,
+        logprob=0.0,
         advantage=1.0,
+        rollout_id=f"r{step}",
         token_ids=range(6),
-        loss_mask=[0, 0, 0, 1, 1, 1],
-        logprobs=[0.0] * 6,
-        payload_dir=str(run_dir / "payloads" / "v0"),
-        payload={"routed_experts": stitched},
     )
     publish_batch(run_dir / "batches", step, [sample], fsync=False)
-    return run_dir / "payloads" / "v0" / segment.file
+    return payload_dir / sample.payload["routed_experts"][0].file
 
 
 def _report(run_dir: Path) -> dict[str, object]:
@@ -132,11 +115,8 @@ def test_sigterm_stops_a_waiting_trainer_cleanly(tmp_path: Path) -> None:
 def test_bad_config_is_one_line_and_exit_two(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
 ) -> None:
-    assert main(["sim-trainer", *_settings(tmp_path, 1), *extra]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("orchestrator sim-trainer: error: ")
+    err = refused(capsys, "sim-trainer", *_settings(tmp_path, 1), *extra, prefix=ERROR)
     assert message in err
-    assert err.count("\n") == 1
     assert not (tmp_path / "weights").exists()
 
 
@@ -145,11 +125,9 @@ def test_an_unwritable_run_dir_is_one_line_and_exit_two(
 ) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert main(["sim-trainer", *_settings(blocker / "run", 1)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("orchestrator sim-trainer: error: local trainer: ")
+    err = refused(capsys, "sim-trainer", *_settings(blocker / "run", 1), prefix=ERROR)
+    assert err.startswith(f"{ERROR}local trainer: ")
     assert "Not a directory" in err
-    assert err.count("\n") == 1
 
 
 @pytest.mark.parametrize(
@@ -176,7 +154,5 @@ def test_publishes_in_the_prime_rl_layout_when_asked(
 def test_an_unknown_weights_layout_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["sim-trainer", *_settings(tmp_path, 1), "--weights-layout", "prime_rl"])
-    assert exit_info.value.code == 2
-    assert "--weights-layout" in capsys.readouterr().err
+    err = refused(capsys, "sim-trainer", *_settings(tmp_path, 1), "--weights-layout", "prime_rl")
+    assert "--weights-layout" in err

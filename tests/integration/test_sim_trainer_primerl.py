@@ -11,49 +11,33 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from cli_kit import config_args, refused
+from sample_kit import by_handle_sample
 
 from orchestrator.cli import main
 from orchestrator.core.rollouts import TrainSample
 from orchestrator.handoff import published_versions
 from orchestrator.handoff.primerl import decode_rank_file, publish_primerl_step
-from orchestrator.payload import stitch_routing, write_payload_file
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 
 
 def settings(run_dir: Path, max_steps: int) -> list[str]:
-    return [
-        "--config",
-        str(CONFIG),
-        "--set",
-        f'run_dir="{run_dir}"',
-        "--set",
-        f"max_steps={max_steps}",
-        "--set",
-        "sim.train_time_s=0.0",
-        "--set",
-        "trainer.poll_interval_s=0.05",
-    ]
+    fast = ("sim.train_time_s=0.0", "trainer.poll_interval_s=0.05")
+    return config_args(CONFIG, f'run_dir="{run_dir}"', f"max_steps={max_steps}", *fast)
 
 
 def sample(run_dir: Path, name: str, length: int) -> TrainSample:
     routing = np.arange((length - 1) * 4, dtype=np.uint32).reshape(length - 1, 2, 2) % 128
-    payload_dir = run_dir / "payloads" / "v0"
-    [segment] = write_payload_file(payload_dir, {"routed_experts": (routing.astype(np.uint8), 0)})
-    stitched = stitch_routing([segment], length, "repeat")
-    assert stitched is not None
-    return TrainSample(
-        group_id="g",
-        rollout_id=name,
-        start_version=0,
-        dispatch_version=0,
-        reward=1.0,
+    return by_handle_sample(
+        run_dir / "payloads" / "v0",
+        [{"routed_experts": (routing.astype(np.uint8), 0)}],
+        length,
+        prompt=2,
+        logprob=0.0,
         advantage=1.0,
+        rollout_id=name,
         token_ids=range(length),
-        loss_mask=[i >= 2 for i in range(length)],
-        logprobs=[0.0] * length,
-        payload_dir=str(payload_dir),
-        payload={"routed_experts": stitched},
         server="http://127.0.0.1:9",
     )
 
@@ -135,16 +119,12 @@ def test_the_prime_rl_format_with_the_native_layout_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = ["--format", "prime-rl", "--weights-layout", "native"]
-    assert main(["sim-trainer", *settings(tmp_path, 1), *args]) == 2
-    err = capsys.readouterr().err
-    assert "prime-rl" in err and err.count("\n") == 1
+    assert "prime-rl" in refused(capsys, "sim-trainer", *settings(tmp_path, 1), *args)
     assert not (tmp_path / "weights").exists()
 
 
 def test_a_bad_data_world_size_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["sim-trainer", *settings(tmp_path, 1), "--data-world-size", "0"])
-    assert exit_info.value.code == 2
-    assert "--data-world-size" in capsys.readouterr().err
+    err = refused(capsys, "sim-trainer", *settings(tmp_path, 1), "--data-world-size", "0")
+    assert "--data-world-size" in err

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_kit import refused, run_cli
 from run_kit import write_run_toml
+from sample_kit import train_sample
 
-from orchestrator.cli import main
 from orchestrator.handoff import (
     Progress,
-    TrainSample,
     publish_batch,
     publish_weights,
     save_progress,
@@ -28,20 +28,6 @@ from orchestrator.handoff import (
 VERSIONS = 12  # v0..v11 on disk
 APPLIED = 10  # the docs/design.md §3 test vector: m = 2, v10 applied
 M = 2
-
-
-def _sample() -> TrainSample:
-    return TrainSample(
-        group_id="g",
-        rollout_id="r",
-        start_version=0,
-        dispatch_version=0,
-        reward=1.0,
-        advantage=0.5,
-        token_ids=(1, 2, 3),
-        loss_mask=(0, 1, 1),
-        logprobs=(0.0, -0.5, -0.25),
-    )
 
 
 def _version_size(version: int) -> tuple[int, int]:
@@ -65,7 +51,7 @@ def _build_run(run_dir: Path, *, applied: int = APPLIED, progress: bool = True) 
     """A run as the daemon leaves it: batches 1..applied+1 shipped, v1..applied published,
     progress saved, payload dirs v0..v11 with files. Returns the payload root."""
     for step in range(1, applied + 2):
-        publish_batch(run_dir / "batches", step, [_sample()], fsync=False)
+        publish_batch(run_dir / "batches", step, [train_sample()], fsync=False)
     for step in range(1, applied + 1):
         publish_weights(run_dir / "weights", step, fsync=False)
     if progress:
@@ -99,26 +85,6 @@ def _snapshot(root: Path) -> dict[str, bytes | None]:
         str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
         for p in sorted(root.rglob("*"))
     }
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """Run argv expecting a refusal: exit 2, one line on stderr, nothing on stdout."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse errors exit from inside main
-        code = exc.code  # type: ignore[assignment]
-    out, err = capsys.readouterr()
-    assert code == 2
-    assert out == ""
-    assert err.count("\n") == 1
-    assert "Traceback" not in err
-    return err
 
 
 @contextlib.contextmanager
@@ -182,7 +148,7 @@ def _table_rows(out: str) -> dict[str, list[str]]:
 def test_status_text(config_file: Path, run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = _build_run(run_dir)
     before = _snapshot(root)
-    code, out, err = _run(capsys, "status", "--config", str(config_file))
+    code, out, err = run_cli(capsys, "status", "--config", str(config_file))
     assert (code, err) == (0, "")
     assert _snapshot(root) == before
     lines = out.splitlines()
@@ -223,7 +189,7 @@ def test_status_json_follows_applied_version_and_m(
     config_file: Path, run_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _build_run(run_dir, applied=6)
-    code, out, _ = _run(
+    code, out, _ = run_cli(
         capsys, "status", "--config", str(config_file), "--json",
         "--set", "staleness.max_off_policy_steps=3",
     )  # fmt: skip
@@ -270,14 +236,14 @@ def test_status_sees_a_running_daemon(
 ) -> None:
     _build_run(run_dir)
     with _held_by_child(_HOLD_DAEMON_LOCK, str(run_dir / "orchestrator")) as pid:
-        code, out, _ = _run(capsys, "status", "--config", str(config_file), "--json")
+        code, out, _ = run_cli(capsys, "status", "--config", str(config_file), "--json")
         assert code == 0
         daemon = json.loads(out)["daemon"]
         assert daemon["running"] is True
         assert f"pid={pid}" in daemon["holder"]
-        code, out, _ = _run(capsys, "status", "--config", str(config_file))
+        code, out, _ = run_cli(capsys, "status", "--config", str(config_file))
         assert "  daemon:          running (host=" in out
-    code, out, _ = _run(capsys, "status", "--config", str(config_file))
+    code, out, _ = run_cli(capsys, "status", "--config", str(config_file))
     assert "  daemon:          not running (last: host=" in out
     assert f"pid={pid} " in out
 
@@ -286,12 +252,12 @@ def test_status_of_a_run_without_progress_or_payload_root(
     config_file: Path, run_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir.mkdir()
-    code, out, err = _run(capsys, "status", "--config", str(config_file))
+    code, out, err = run_cli(capsys, "status", "--config", str(config_file))
     assert (code, err) == (0, "")
     assert "  progress:        none: " in out
     assert out.rstrip().endswith(f"payload root {run_dir / 'payloads'} does not exist yet")
     assert "next collection: unknown (no applied version saved)" in out
-    code, out, _ = _run(capsys, "status", "--config", str(config_file), "--json")
+    code, out, _ = run_cli(capsys, "status", "--config", str(config_file), "--json")
     doc = json.loads(out)
     assert (doc["progress"], doc["progress_problem"], doc["next_collection"]) == (
         None,
@@ -306,7 +272,7 @@ def test_status_without_progress_still_measures_the_root(
     config_file: Path, run_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _build_run(run_dir, progress=False)
-    code, out, _ = _run(capsys, "status", "--config", str(config_file), "--json")
+    code, out, _ = run_cli(capsys, "status", "--config", str(config_file), "--json")
     assert code == 0
     payload = json.loads(out)["payload_root"]
     assert payload["next_collection_removes"] is None
@@ -315,14 +281,14 @@ def test_status_without_progress_still_measures_the_root(
         *_version_size(3),
         None,
     )
-    code, out, _ = _run(capsys, "status", "--config", str(config_file))
+    code, out, _ = run_cli(capsys, "status", "--config", str(config_file))
     assert _table_rows(out)["v3"][-1] == "?"
 
 
 def test_status_of_a_missing_run_is_one_line(
     config_file: Path, run_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    err = _refused(capsys, "status", "--config", str(config_file))
+    err = refused(capsys, "status", "--config", str(config_file))
     assert err == (
         f"orchestrator status: error: run directory {run_dir} does not exist "
         f"(run_dir in {config_file})\n"
@@ -333,7 +299,7 @@ def test_status_bad_config_is_one_line(
     config_file: Path, run_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir.mkdir()
-    err = _refused(capsys, "status", "--config", str(config_file), "--set", "staleness.max_of=1")
+    err = refused(capsys, "status", "--config", str(config_file), "--set", "staleness.max_of=1")
     assert err.startswith("orchestrator status: error: ")
     assert "staleness.max_of" in err
 
@@ -346,7 +312,7 @@ def test_gc_dry_run_lists_exactly_what_gc_then_deletes(
 ) -> None:
     root = _build_run(run_dir)
     before = _snapshot(root)
-    code, out, err = _run(capsys, "gc", "--config", str(config_file), "--dry-run", "--json")
+    code, out, err = run_cli(capsys, "gc", "--config", str(config_file), "--dry-run", "--json")
     assert (code, err) == (0, "")
     assert _snapshot(root) == before
     assert not (root / ".payload-gc").exists()  # a dry run takes no lock
@@ -357,7 +323,7 @@ def test_gc_dry_run_lists_exactly_what_gc_then_deletes(
     assert [d["name"] for d in dry["delete"]] == [f"v{v}" for v in range(8)]
     assert [k["name"] for k in dry["keep"]] == ["v8", "v9", "v10", "v11", ".payload-root"]
 
-    code, out, err = _run(capsys, "gc", "--config", str(config_file), "--json")
+    code, out, err = run_cli(capsys, "gc", "--config", str(config_file), "--json")
     assert (code, err) == (0, "")
     real = json.loads(out)
     assert (real["dry_run"], real["outcome"], real["errors"]) == (False, "complete", [])
@@ -380,7 +346,7 @@ def test_gc_human_output(
     size = sum(_version_size(v)[1] for v in range(8))
     totals = f"8 directories, {files} files, {size} bytes"
 
-    code, out, _ = _run(capsys, "gc", "--config", str(config_file), "--dry-run")
+    code, out, _ = run_cli(capsys, "gc", "--config", str(config_file), "--dry-run")
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == "DRY RUN: nothing was deleted"
@@ -393,7 +359,7 @@ def test_gc_human_output(
     assert any(line.split()[:2] == ["v8", "keep"] for line in lines)
     assert lines[-1] == f"total that would be deleted: {totals}"
 
-    code, out, _ = _run(capsys, "gc", "--config", str(config_file))
+    code, out, _ = run_cli(capsys, "gc", "--config", str(config_file))
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == f"deleted {totals} from {root} (bound v8)"
@@ -404,7 +370,7 @@ def test_gc_human_output(
     assert lines[-1].endswith(" s (complete)")
 
     # Nothing left below the bound: a second collection deletes nothing.
-    code, out, _ = _run(capsys, "gc", "--config", str(config_file))
+    code, out, _ = run_cli(capsys, "gc", "--config", str(config_file))
     assert code == 0
     assert out.startswith(f"deleted 0 directories, 0 files, 0 bytes from {root} (bound v8)")
 
@@ -415,13 +381,13 @@ def test_gc_while_another_collector_holds_the_lock(
     root = _build_run(run_dir)
     with _held_by_child(_HOLD_COLLECTOR_LOCK, str(root)) as pid:
         before = _snapshot(root)
-        err = _refused(capsys, "gc", "--config", str(config_file))
+        err = refused(capsys, "gc", "--config", str(config_file))
         assert err.startswith(f"orchestrator gc: error: payload root {root} is locked by pid {pid}")
         assert _snapshot(root) == before
         # A dry run takes no lock, so it still works.
-        code, _, _ = _run(capsys, "gc", "--config", str(config_file), "--dry-run")
+        code, _, _ = run_cli(capsys, "gc", "--config", str(config_file), "--dry-run")
         assert code == 0
-    code, out, _ = _run(capsys, "gc", "--config", str(config_file), "--json")
+    code, out, _ = run_cli(capsys, "gc", "--config", str(config_file), "--json")
     assert code == 0
     assert json.loads(out)["totals"]["dirs"] == 8
 
@@ -431,7 +397,7 @@ def test_gc_works_while_the_daemon_holds_its_run_lock(
 ) -> None:
     _build_run(run_dir)
     with _held_by_child(_HOLD_DAEMON_LOCK, str(run_dir / "orchestrator")):
-        code, out, _ = _run(capsys, "gc", "--config", str(config_file), "--json")
+        code, out, _ = run_cli(capsys, "gc", "--config", str(config_file), "--json")
     assert code == 0
     assert json.loads(out)["totals"]["dirs"] == 8
 
@@ -442,7 +408,7 @@ def test_gc_without_progress_refuses(
 ) -> None:
     root = _build_run(run_dir, progress=False)
     before = _snapshot(root)
-    err = _refused(capsys, "gc", "--config", str(config_file), *(["--dry-run"] if dry_run else []))
+    err = refused(capsys, "gc", "--config", str(config_file), *(["--dry-run"] if dry_run else []))
     assert err.startswith("orchestrator gc: error: no applied version is known (")
     assert "progress.json is missing" in err
     assert _snapshot(root) == before
@@ -454,7 +420,7 @@ def test_gc_with_unreadable_progress_refuses(
     root = _build_run(run_dir)
     (run_dir / "orchestrator" / "progress.json").write_text("{not json")
     before = _snapshot(root)
-    err = _refused(capsys, "gc", "--config", str(config_file))
+    err = refused(capsys, "gc", "--config", str(config_file))
     assert "progress.json is unreadable" in err
     assert _snapshot(root) == before
 
@@ -462,7 +428,7 @@ def test_gc_with_unreadable_progress_refuses(
 def test_gc_refusals_are_one_line(
     config_file: Path, run_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    err = _refused(capsys, "gc", "--config", str(config_file))
+    err = refused(capsys, "gc", "--config", str(config_file))
     assert err == (
         f"orchestrator gc: error: run directory {run_dir} does not exist "
         f"(run_dir in {config_file})\n"
@@ -470,12 +436,12 @@ def test_gc_refusals_are_one_line(
     root = _build_run(run_dir)
     (root / ".payload-root").unlink()
     (root / "notes.txt").write_text("somebody's files")
-    err = _refused(capsys, "gc", "--config", str(config_file))
+    err = refused(capsys, "gc", "--config", str(config_file))
     assert "has no .payload-root marker" in err
     assert "'notes.txt'" in err
     assert (root / "v0").is_dir()
     other = run_dir / "elsewhere"
-    err = _refused(capsys, "gc", "--config", str(config_file), "--set", f'payload.root="{other}"')
+    err = refused(capsys, "gc", "--config", str(config_file), "--set", f'payload.root="{other}"')
     assert err == f"orchestrator gc: error: payload root {other} does not exist\n"
 
 
@@ -484,16 +450,16 @@ def test_status_reports_an_unsafe_root_and_lagging_progress(
 ) -> None:
     root = _build_run(run_dir)
     # A crash between shipping batch 12 and saving progress: the batch dirs are the truth.
-    publish_batch(run_dir / "batches", APPLIED + 2, [_sample()], fsync=False)
+    publish_batch(run_dir / "batches", APPLIED + 2, [train_sample()], fsync=False)
     real_root = root.rename(run_dir / "real-payloads")
     root.symlink_to(real_root, target_is_directory=True)
-    code, out, err = _run(capsys, "status", "--config", str(config_file))
+    code, out, err = run_cli(capsys, "status", "--config", str(config_file))
     assert (code, err) == (0, "")
     assert "  last shipped:    step 12 (progress.json says 11)\n" in out
     assert out.rstrip().endswith(
         f"payload root {root} is a symbolic link; refusing (pass the real directory)"
     )
-    code, out, _ = _run(capsys, "status", "--config", str(config_file), "--json")
+    code, out, _ = run_cli(capsys, "status", "--config", str(config_file), "--json")
     doc = json.loads(out)
     assert doc["last_shipped_step"] == 12
     assert doc["progress"]["step"] == 11
@@ -509,7 +475,7 @@ def test_gc_refuses_a_symlinked_payload_root(
     real_root = root.rename(run_dir / "real-payloads")
     root.symlink_to(real_root, target_is_directory=True)
     before = _snapshot(real_root)
-    err = _refused(capsys, "gc", "--config", str(config_file), *(["--dry-run"] if dry_run else []))
+    err = refused(capsys, "gc", "--config", str(config_file), *(["--dry-run"] if dry_run else []))
     assert err == (
         f"orchestrator gc: error: payload root {root} is a symbolic link; "
         "refusing (pass the real directory)\n"

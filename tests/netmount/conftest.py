@@ -1,9 +1,9 @@
 """Fixtures of the shared-filesystem tests: where another host writes a path.
 
 These tests run in every mode. With `ORCH_TEST_NETMOUNT` set, their `tmp_path` is on the
-sshfs mount (tests/conftest.py) and `server_side` names the server's own directory behind
-it, so a test can write as a trainer on another host would: past the client's caches.
-Without it both are the same local directory.
+sshfs mount (tests/support/suite_plugin.py) and `server_side` names the server's own
+directory behind it, so a test can write as a trainer on another host would: past the
+client's caches. Without it both are the same local directory.
 """
 
 from __future__ import annotations

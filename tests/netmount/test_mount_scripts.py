@@ -1,5 +1,5 @@
 """The network-mount scripts refuse what they must, and the test mode really puts the
-suites' `tmp_path` on sshfs (tests/conftest.py)."""
+suites' `tmp_path` on sshfs (tests/support/suite_plugin.py)."""
 
 from __future__ import annotations
 

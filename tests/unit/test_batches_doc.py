@@ -11,15 +11,12 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from sample_kit import inline_sample, stitched_payload, train_sample
 
 from orchestrator.handoff import TrainSample, encode_batch, publish_batch, read_batch
 from orchestrator.payload import (
     FinalTokenRoute,
     PayloadSegment,
-    stitch_inline_masks,
-    stitch_inline_routing,
-    stitch_masks,
-    stitch_routing,
     write_payload_file,
 )
 
@@ -49,45 +46,25 @@ def _samples(payload_dir: Path, route: FinalTokenRoute) -> list[TrainSample]:
     m1 = rng.integers(0, 99, size=(3, 4)).astype(np.int32)
     r2 = rng.integers(0, 300, size=(8, 3, 2)).astype(np.uint16)
     m2 = rng.integers(0, 99, size=(2, 2)).astype(np.int32)
-    t1 = write_payload_file(payload_dir, {"routed_experts": (r1, 0), "sampling_mask": (m1, 6)})
-    t2 = write_payload_file(payload_dir, {"routed_experts": (r2, 4), "sampling_mask": (m2, 11)})
+    turns = [
+        {"routed_experts": (r1, 0), "sampling_mask": (m1, 6)},
+        {"routed_experts": (r2, 4), "sampling_mask": (m2, 11)},
+    ]
+    segments = [segment for turn in turns for segment in write_payload_file(payload_dir, turn)]
     loss_mask = [0] * 6 + [1] * 3 + [0] * 2 + [1] * 2
-    common: dict[str, Any] = {
-        "group_id": "g",
-        "rollout_id": "r",
-        "start_version": 3,
-        "dispatch_version": 3,
-        "reward": 1.0,
-        "advantage": -0.25,
-        "token_ids": range(13),
-        "loss_mask": loss_mask,
-        "logprobs": [-0.5 * bit for bit in loss_mask],
-    }
     samples = []
     for length in (13, 10):
-        routing = stitch_routing([t1[0], t2[0]], length, route)
-        assert routing is not None
-        masks = stitch_masks([t1[1], t2[1]], length)
-        inline_routing = stitch_inline_routing([(r1, 0), (r2, 4)], length, route)
-        assert inline_routing is not None
-        inline_masks = stitch_inline_masks([(m1, 6), (m2, 11)], length)
-        per_length = {
-            **common,
+        fields: dict[str, Any] = {
+            "version": 3,
+            "advantage": -0.25,
             "token_ids": range(length),
             "loss_mask": loss_mask[:length],
-            "logprobs": common["logprobs"][:length],
         }
+        payload = stitched_payload(segments, length, route)
         samples += [
-            TrainSample(
-                **per_length,
-                payload_dir=str(payload_dir),
-                payload={"routed_experts": routing, "sampling_mask": masks},
-            ),
-            TrainSample(
-                **per_length,
-                inline={"routed_experts": inline_routing, "sampling_mask": inline_masks},
-            ),
-            TrainSample(**per_length),
+            train_sample(payload_dir=str(payload_dir), payload=payload, **fields),
+            inline_sample(turns, length, route=route, **fields),
+            train_sample(**fields),
         ]
     return samples
 

@@ -12,6 +12,7 @@ import attrs
 import msgspec
 import numpy as np
 import pytest
+from sample_kit import train_sample
 
 from orchestrator.handoff import (
     BATCH_FORMAT,
@@ -52,19 +53,15 @@ CLIPPED = PayloadSegment(
 
 
 def make_sample(**changes: Any) -> TrainSample:
+    """The sample whose bytes the layout tests spell out; `changes` replace its fields."""
     fields: dict[str, Any] = {
         "group_id": "g1",
         "rollout_id": "r1",
         "start_version": 2,
-        "dispatch_version": 3,
-        "reward": 1.0,
-        "advantage": 0.5,
         "token_ids": (5, 6, 7, 8),
-        "loss_mask": (0, 0, 1, 1),
         "logprobs": (0.0, 0.0, -0.25, -1.5),
     }
-    fields.update(changes)
-    return TrainSample(**fields)
+    return train_sample(prompt=2, version=3, **{**fields, **changes})
 
 
 def by_handle_sample(**changes: Any) -> TrainSample:

@@ -12,6 +12,7 @@ import attrs
 import msgspec
 import numpy as np
 import pytest
+from sample_kit import inline_sample, stitched_payload, train_sample
 
 if TYPE_CHECKING:
     from conftest import BindMount
@@ -29,10 +30,6 @@ from orchestrator.payload import (
     PayloadCorrupt,
     PayloadMissing,
     PayloadSegment,
-    stitch_inline_masks,
-    stitch_inline_routing,
-    stitch_masks,
-    stitch_routing,
     write_payload_file,
 )
 
@@ -48,6 +45,13 @@ class Turn:
     routing_pos: int
     mask: np.ndarray
     mask_pos: int
+
+    def arrays(self) -> dict[str, tuple[np.ndarray, int]]:
+        """The turn as a server returns it: field -> (array, first position)."""
+        return {
+            "routed_experts": (self.routing, self.routing_pos),
+            "sampling_mask": (self.mask, self.mask_pos),
+        }
 
 
 @attrs.frozen
@@ -76,13 +80,7 @@ def make_branch(payload_dir: Path, seed: int = 0) -> Branch:
     turns = (_turn(rng, 10, 5, 0), _turn(rng, 18, 6, 8))
     segments = []
     for turn in turns:
-        written = write_payload_file(
-            payload_dir,
-            {
-                "routed_experts": (turn.routing, turn.routing_pos),
-                "sampling_mask": (turn.mask, turn.mask_pos),
-            },
-        )
+        written = write_payload_file(payload_dir, turn.arrays())
         segments.append({segment.field: segment for segment in written})
     token_ids = tuple(int(t) for t in rng.integers(0, 32000, size=24))
     return Branch(turns, tuple(segments), token_ids, prompt_len=10)
@@ -93,46 +91,30 @@ def _loss_mask(length: int) -> tuple[int, ...]:
     return tuple(int(10 <= i < 15 or 18 <= i < 24) for i in range(length))
 
 
-def _sample(branch: Branch, length: int, **payload: Any) -> TrainSample:
-    return TrainSample(
-        group_id="g7",
-        rollout_id="r7-0",
-        start_version=2,
-        dispatch_version=DISPATCH_VERSION,
-        reward=1.0,
-        advantage=0.75,
-        token_ids=branch.token_ids[:length],
-        loss_mask=_loss_mask(length),
-        logprobs=tuple(-0.5 if bit else 0.0 for bit in _loss_mask(length)),
-        **payload,
-    )
+def _fields(branch: Branch, length: int) -> dict[str, Any]:
+    """The fields of the branch's sample of `length` tokens, all but its payload."""
+    return {
+        "version": DISPATCH_VERSION,
+        "start_version": 2,
+        "group_id": "g7",
+        "rollout_id": "r7-0",
+        "advantage": 0.75,
+        "token_ids": branch.token_ids[:length],
+        "loss_mask": _loss_mask(length),
+    }
 
 
 def by_handle(
     branch: Branch, payload_dir: Path, length: int, route: FinalTokenRoute = "repeat"
 ) -> TrainSample:
-    routing = stitch_routing([s["routed_experts"] for s in branch.segments], length, route)
-    assert routing is not None
-    masks = stitch_masks([s["sampling_mask"] for s in branch.segments], length)
-    return _sample(
-        branch,
-        length,
-        payload_dir=str(payload_dir),
-        payload={"routed_experts": routing, "sampling_mask": masks},
-    )
+    segments = [segment for turn in branch.segments for segment in turn.values()]
+    payload = stitched_payload(segments, length, route)
+    return train_sample(payload_dir=str(payload_dir), payload=payload, **_fields(branch, length))
 
 
 def inline(branch: Branch, length: int, route: FinalTokenRoute = "repeat") -> TrainSample:
-    routing = stitch_inline_routing(
-        [(t.routing, t.routing_pos) for t in branch.turns], length, route
-    )
-    assert routing is not None
-    masks = stitch_inline_masks([(t.mask, t.mask_pos) for t in branch.turns], length)
-    return _sample(
-        branch,
-        length,
-        inline={"routed_experts": routing, "sampling_mask": masks},
-    )
+    turns = [turn.arrays() for turn in branch.turns]
+    return inline_sample(turns, length, route=route, **_fields(branch, length))
 
 
 @pytest.fixture
@@ -164,7 +146,7 @@ def test_publish_then_read_gives_equal_arrays_by_handle_and_inline(
     samples = [
         by_handle(branch, payload_dir, length, route),
         inline(branch, length, route),
-        _sample(branch, length),
+        train_sample(**_fields(branch, length)),
     ]
     batch_dir = publish_batch(batches_dir, 4, samples, fsync=False)
     assert shipped_steps(batches_dir) == [4]

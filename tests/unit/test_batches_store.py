@@ -6,13 +6,13 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from sample_kit import train_sample
 
 from orchestrator.handoff import (
     BATCH_FILE,
     NATIVE_FORMAT,
     BatchExists,
     HandoffSettings,
-    TrainSample,
     batch_step_dir,
     is_complete_batch,
     publish_batch,
@@ -26,29 +26,15 @@ def names(directory: Path) -> list[str]:
     return sorted(entry.name for entry in directory.iterdir())
 
 
-def sample(reward: float = 1.0) -> TrainSample:
-    return TrainSample(
-        group_id="g",
-        rollout_id="r",
-        start_version=0,
-        dispatch_version=0,
-        reward=reward,
-        advantage=0.0,
-        token_ids=(1, 2),
-        loss_mask=(0, 1),
-        logprobs=(0.0, -0.5),
-    )
-
-
 def test_publish_creates_the_step_dir_with_batch_bin(tmp_path: Path) -> None:
     batches_dir = tmp_path / "run" / "batches"
-    batch_dir = publish_batch(batches_dir, 7, [sample()])
+    batch_dir = publish_batch(batches_dir, 7, [train_sample()])
     assert batch_dir == batches_dir / "step_000007" == batch_step_dir(batches_dir, 7)
     assert names(batches_dir) == ["step_000007"]
     assert names(batch_dir) == [BATCH_FILE] == ["batch.bin"]
     batch = read_batch_file(batch_dir / BATCH_FILE)
     assert batch.step == 7
-    assert [s.train_sample() for s in batch.samples] == [sample()]
+    assert [s.train_sample() for s in batch.samples] == [train_sample()]
     assert shipped_steps(batches_dir) == [7]
     assert is_complete_batch(batch_dir)
 
@@ -60,10 +46,10 @@ def test_wide_step_numbers_get_wider_names(tmp_path: Path) -> None:
 
 
 def test_a_shipped_batch_is_never_rewritten(tmp_path: Path) -> None:
-    first = publish_batch(tmp_path, 3, [sample(1.0)], fsync=False)
+    first = publish_batch(tmp_path, 3, [train_sample(reward=1.0)], fsync=False)
     before = (first / BATCH_FILE).read_bytes()
     with pytest.raises(BatchExists, match="already shipped") as caught:
-        publish_batch(tmp_path, 3, [sample(0.0)], fsync=False)
+        publish_batch(tmp_path, 3, [train_sample(reward=0.0)], fsync=False)
     assert caught.value.filename == str(first)
     assert (first / BATCH_FILE).read_bytes() == before
     assert names(tmp_path) == ["step_000003"]
@@ -83,16 +69,16 @@ def test_losing_a_publish_race_raises_batch_exists_and_cleans_up(tmp_path: Path)
         mock.patch.object(Path, "rename", rename_after_rival),
         pytest.raises(BatchExists),
     ):
-        publish_batch(tmp_path, 4, [sample()], fsync=False)
+        publish_batch(tmp_path, 4, [train_sample()], fsync=False)
     assert names(tmp_path) == ["step_000004"]
     assert (tmp_path / "step_000004" / BATCH_FILE).read_text() == "rival"
 
 
 def test_publish_refuses_what_cannot_be_encoded_and_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="count from 1"):
-        publish_batch(tmp_path, 0, [sample()])
+        publish_batch(tmp_path, 0, [train_sample()])
     with pytest.raises(ValueError, match=r"samples\[1\]: reward must be finite"):
-        publish_batch(tmp_path / "batches", 1, [sample(), sample(float("nan"))])
+        publish_batch(tmp_path / "batches", 1, [train_sample(), train_sample(reward=float("nan"))])
     assert names(tmp_path) == []
 
 
@@ -104,7 +90,7 @@ def test_a_crash_mid_publish_leaves_no_visible_batch(tmp_path: Path) -> None:
         mock.patch("shutil.rmtree"),
         pytest.raises(KeyboardInterrupt),
     ):
-        publish_batch(tmp_path, 5, [sample()])
+        publish_batch(tmp_path, 5, [train_sample()])
     [leftover] = names(tmp_path)
     assert leftover.startswith(".tmp-step_000005-")
     assert (tmp_path / leftover / BATCH_FILE).is_file()
@@ -113,7 +99,7 @@ def test_a_crash_mid_publish_leaves_no_visible_batch(tmp_path: Path) -> None:
     # The step can still be shipped once the leftover is gone.
     assert remove_partial_batches(tmp_path) == 1
     assert names(tmp_path) == []
-    publish_batch(tmp_path, 5, [sample()], fsync=False)
+    publish_batch(tmp_path, 5, [train_sample()], fsync=False)
     assert shipped_steps(tmp_path) == [5]
 
 
@@ -124,7 +110,7 @@ def test_a_failed_write_removes_the_temp_dir(tmp_path: Path) -> None:
         ),
         pytest.raises(OSError, match="full"),
     ):
-        publish_batch(tmp_path, 6, [sample()])
+        publish_batch(tmp_path, 6, [train_sample()])
     assert names(tmp_path) == []
 
 
@@ -163,13 +149,13 @@ def test_remove_partial_batches_only_touches_temp_entries(tmp_path: Path) -> Non
 def test_an_empty_dir_at_the_final_name_is_not_a_shipped_batch(tmp_path: Path) -> None:
     (tmp_path / "step_000008").mkdir()
     assert shipped_steps(tmp_path) == []
-    publish_batch(tmp_path, 8, [sample()], fsync=False)
+    publish_batch(tmp_path, 8, [train_sample()], fsync=False)
     assert shipped_steps(tmp_path) == [8]
     # Junk that is not a batch still blocks the name: nothing is overwritten.
     (tmp_path / "step_000009").mkdir()
     (tmp_path / "step_000009" / "notes.txt").write_text("keep")
     with pytest.raises(BatchExists):
-        publish_batch(tmp_path, 9, [sample()], fsync=False)
+        publish_batch(tmp_path, 9, [train_sample()], fsync=False)
     assert names(tmp_path / "step_000009") == ["notes.txt"]
     assert names(tmp_path) == ["step_000008", "step_000009"]
 
@@ -187,7 +173,7 @@ def test_a_short_write_is_resumed(tmp_path: Path) -> None:
         whole = b"".join(bytes(b) for b in buffers)
         return real_writev(fd, [whole[: max(1, len(whole) // 3)]])
 
-    samples = [sample(reward=float(i)) for i in range(40)]
+    samples = [train_sample(reward=float(i)) for i in range(40)]
     with mock.patch("time.time", return_value=1234.5):
         expected = publish_batch(tmp_path / "a", 1, samples, fsync=False)
         with mock.patch("os.writev", short_writev):
@@ -208,7 +194,7 @@ def test_iovecs_are_chunked_under_iov_max(tmp_path: Path) -> None:
         return real_writev(fd, buffers)
 
     # 4 columns of 600 samples each: 2,400 buffers and more.
-    samples = [sample(reward=float(i)) for i in range(600)]
+    samples = [train_sample(reward=float(i)) for i in range(600)]
     with mock.patch("os.writev", counting_writev):
         batch_dir = publish_batch(tmp_path, 1, samples, fsync=False)
     assert max(counts) <= os.sysconf("SC_IOV_MAX") and sum(counts) > 2400
@@ -220,7 +206,7 @@ def test_a_run_with_batches_of_the_old_json_format_is_not_resumed(tmp_path: Path
     from orchestrator.errors import UserError
 
     batches_dir = tmp_path / "batches"
-    publish_batch(batches_dir, 1, [sample()], fsync=False)
+    publish_batch(batches_dir, 1, [train_sample()], fsync=False)
     assert (
         find_start_point(
             NATIVE_FORMAT, HandoffSettings(batches_dir), tmp_path / "state"

@@ -9,6 +9,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from cli_kit import refused
 
 from orchestrator.cli import main
 from orchestrator.config import (
@@ -73,17 +74,13 @@ def test_check_config_error_is_one_stderr_line_and_exit_2(
 ) -> None:
     path = tmp_path / "c.toml"
     path.write_text(MINIMAL, encoding="utf-8")
-    assert main(["check-config", str(path), *argv_tail]) == 2
-    out, err = capsys.readouterr()
-    assert out == ""
-    assert err.count("\n") == 1
-    assert err.startswith("orchestrator check-config: error: ")
+    prefix = "orchestrator check-config: error: "
+    err = refused(capsys, "check-config", str(path), *argv_tail, prefix=prefix)
     assert named in err
 
 
 def test_check_config_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check-config", str(tmp_path / "absent.toml")]) == 2
-    _, err = capsys.readouterr()
+    err = refused(capsys, "check-config", str(tmp_path / "absent.toml"))
     assert err == (
         f"orchestrator check-config: error: {tmp_path / 'absent.toml'}: no such config file\n"
     )
@@ -92,10 +89,7 @@ def test_check_config_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_check_config_invalid_toml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "c.toml"
     path.write_text('run_dir = "run\n', encoding="utf-8")
-    assert main(["check-config", str(path)]) == 2
-    _, err = capsys.readouterr()
-    assert err.count("\n") == 1
-    assert f"{path}: invalid TOML at line 1" in err
+    assert f"{path}: invalid TOML at line 1" in refused(capsys, "check-config", str(path))
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

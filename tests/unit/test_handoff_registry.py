@@ -13,6 +13,7 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
+from sample_kit import train_sample
 
 from orchestrator.commands.check_config import derived_values_comment
 from orchestrator.config import Config, ConfigError, InferenceConfig, TrainerConfig, load_config
@@ -108,20 +109,6 @@ def config(tmp_path: Path, **trainer: object) -> Config:
     )
 
 
-def sample(rollout_id: str) -> TrainSample:
-    return TrainSample(
-        group_id="g",
-        rollout_id=rollout_id,
-        start_version=0,
-        dispatch_version=0,
-        reward=1.0,
-        advantage=0.0,
-        token_ids=(1, 2),
-        loss_mask=(0, 1),
-        logprobs=(0.0, -0.5),
-    )
-
-
 def test_the_registry_holds_native_then_prime_rl() -> None:
     assert format_names() == ("native", "prime-rl")
     assert handoff_format("native") is NATIVE_FORMAT
@@ -192,7 +179,7 @@ async def test_the_daemon_ships_and_lists_through_the_format(
     tmp_path: Path, toy: ToyFormat
 ) -> None:
     run = config(tmp_path, format="toy")
-    shipment = await ship(run, 3, [sample("a"), sample("b")])
+    shipment = await ship(run, 3, [train_sample(rollout_id=name) for name in "ab"])
     assert shipment.path == run.batches_dir / "toy_3"
     assert (shipment.samples, shipment.micro_batches) == (2, 7)
     assert [drop.rollout_id for drop in shipment.dropped] == ["lost"]
@@ -211,8 +198,8 @@ async def test_start_up_resumes_by_the_format_s_rules(tmp_path: Path, toy: ToyFo
         find_start_point(handoff_format("toy"), HandoffSettings(run.batches_dir), state).resumed
         is False
     )
-    await ship(run, 1, [sample("a")])
-    await ship(run, 2, [sample("b")])
+    await ship(run, 1, [train_sample(rollout_id="a")])
+    await ship(run, 2, [train_sample(rollout_id="b")])
     start = find_start_point(handoff_format("toy"), HandoffSettings(run.batches_dir), state)
     assert (start.resume_step, start.resumed) == (2, True)
     # The native format sees nothing shipped there.
@@ -249,7 +236,7 @@ async def test_the_local_trainer_waits_and_reads_through_the_format(
     tmp_path: Path, toy: ToyFormat
 ) -> None:
     run = config(tmp_path, format="toy")
-    await ship(run, 1, [sample("a"), sample("b"), sample("c")])
+    await ship(run, 1, [train_sample(rollout_id=name) for name in "abc"])
     trainer = SimTrainerConfig(
         batches_dir=run.batches_dir,
         weights_dir=tmp_path / "weights",

@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from sample_kit import by_handle_sample
 
 from orchestrator.core.rollouts import TrainSample
 from orchestrator.handoff.primerl import (
@@ -21,7 +22,6 @@ from orchestrator.handoff.primerl import (
     ranks_ready,
     read_primerl_step,
 )
-from orchestrator.payload import stitch_routing, write_payload_file
 
 LAYERS, TOP_K = 2, 2
 
@@ -29,22 +29,14 @@ LAYERS, TOP_K = 2, 2
 def sample(root: Path, index: int, length: int) -> TrainSample:
     rng = np.random.default_rng(index)
     routing = rng.integers(0, 8, size=(length - 1, LAYERS, TOP_K)).astype(np.uint8)
-    [segment] = write_payload_file(root / "v0", {"routed_experts": (routing, 0)})
-    stitched = stitch_routing([segment], length, "repeat")
-    assert stitched is not None
-    loss = np.arange(length) >= 2
-    return TrainSample(
-        group_id="g",
+    return by_handle_sample(
+        root / "v0",
+        [{"routed_experts": (routing, 0)}],
+        length,
+        prompt=2,
+        logprob=-1.0,
         rollout_id=f"r{index}",
-        start_version=0,
-        dispatch_version=0,
-        reward=1.0,
-        advantage=0.5,
         token_ids=rng.integers(0, 1000, size=length),
-        loss_mask=loss,
-        logprobs=np.where(loss, -1.0, 0.0),
-        payload_dir=str(root / "v0"),
-        payload={"routed_experts": stitched},
         server="http://s:1",
     )
 

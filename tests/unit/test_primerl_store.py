@@ -14,6 +14,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import structlog
+from sample_kit import by_handle_sample, train_sample
 
 from orchestrator.core.environments import DEFAULT_TEMPERATURE
 from orchestrator.core.rollouts import GroupResult, RolloutResult, Sample, TrainSample
@@ -40,8 +41,6 @@ from orchestrator.handoff.primerl import (
 from orchestrator.payload import (
     PayloadSegment,
     read_sample_payload,
-    stitch_routing,
-    write_payload_file,
 )
 
 LAYERS, TOP_K = 3, 2
@@ -56,44 +55,31 @@ def by_handle(root: Path, index: int, length: int) -> TrainSample:
     """A sample of `length` tokens whose routing (two turns, uint8) is in payload files
     under `<root>/v0`, as a server writes them and the daemon stitches them."""
     rng = np.random.default_rng(index)
-    payload_dir = root / "v0"
     split = length // 2
     first = rng.integers(0, 16, size=(split, LAYERS, TOP_K)).astype(np.uint8)
     second = rng.integers(0, 16, size=(length - 1 - split, LAYERS, TOP_K)).astype(np.uint8)
-    [a] = write_payload_file(payload_dir, {"routed_experts": (first, 0)})
-    [b] = write_payload_file(payload_dir, {"routed_experts": (second, split)})
-    stitched = stitch_routing([a, b], length, "repeat")
-    assert stitched is not None
-    return _sample(
-        index,
-        length,
-        payload_dir=str(payload_dir),
-        payload={"routed_experts": stitched},
-    )
+    turns = [{"routed_experts": (first, 0)}, {"routed_experts": (second, split)}]
+    return by_handle_sample(root / "v0", turns, length, **_fields(index, length))
 
 
 def inline(index: int, length: int, dtype: type = np.uint8) -> TrainSample:
     rng = np.random.default_rng(index)
     routing = rng.integers(0, 200, size=(length, LAYERS, TOP_K)).astype(dtype)
-    return _sample(index, length, inline={"routed_experts": routing})
+    return train_sample(inline={"routed_experts": routing}, **_fields(index, length))
 
 
-def _sample(index: int, length: int, **payload: Any) -> TrainSample:
+def _fields(index: int, length: int) -> dict[str, Any]:
+    """Sample `index`'s own fields: its tokens (seeded by it), groups of two samples, two
+    servers, trained on from a third of its length."""
     rng = np.random.default_rng(1000 + index)
-    loss = np.arange(length) >= length // 3
-    return TrainSample(
-        group_id=f"g{index // 2}",
-        rollout_id=f"r{index}",
-        start_version=0,
-        dispatch_version=0,
-        reward=1.0,
-        advantage=0.25 * (index + 1),
-        token_ids=rng.integers(0, 32000, size=length),
-        loss_mask=loss,
-        logprobs=np.where(loss, -0.5, 0.0),
-        server=f"http://server-{index % 2}:8000",
-        **payload,
-    )
+    return {
+        "prompt": length // 3,
+        "group_id": f"g{index // 2}",
+        "rollout_id": f"r{index}",
+        "advantage": 0.25 * (index + 1),
+        "token_ids": rng.integers(0, 32000, size=length),
+        "server": f"http://server-{index % 2}:8000",
+    }
 
 
 def publish(rollouts_dir: Path, samples: list[TrainSample], step: int = 1, ranks: int = 2) -> Any:
@@ -212,7 +198,12 @@ def test_routing_rows_by_handle_are_the_payload_files_bytes(tmp_path: Path, root
 
 
 def test_inline_routing_is_the_samples_own_in_the_widest_dtype(tmp_path: Path) -> None:
-    samples = [inline(0, 30), inline(1, 20, np.uint16), inline(2, 10), _sample(3, 12)]
+    samples = [
+        inline(0, 30),
+        inline(1, 20, np.uint16),
+        inline(2, 10),
+        train_sample(**_fields(3, 12)),
+    ]
     step_dir = publish(tmp_path, samples, ranks=1).path
     by_rollout = {s.rollout_id: s for s in samples}
     for batch, start, entry, _ in sequences(step_dir, 1):

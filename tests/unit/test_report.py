@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_kit import refused
 from matplotlib.figure import Figure
 from run_kit import write_run_toml
 
@@ -203,15 +204,13 @@ def test_the_command_writes_the_page_next_to_the_run(
 def test_the_command_s_errors_are_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["report", "--config", str(config_file(tmp_path))]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "does not exist: nothing to report" in err
+    err = refused(capsys, "report", "--config", str(config_file(tmp_path)))
+    assert "does not exist: nothing to report" in err
     write_run(tmp_path / "run", [step_line(1)], [])
     (tmp_path / "file").write_text("")
     out = tmp_path / "file" / "report.html"
-    assert main(["report", "--config", str(config_file(tmp_path)), "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "cannot write the report to" in err
+    err = refused(capsys, "report", "--config", str(config_file(tmp_path)), "--out", str(out))
+    assert "cannot write the report to" in err
 
 
 def figure_ids(page: str) -> list[str]:

@@ -1,5 +1,6 @@
-"""The per-group file check of finished rollouts (`RolloutFinisher.check_files`): a missing file poisons a rollout, unless its
-version is being collected (the rollout is stale then, not poisoned)."""
+"""The per-group file check of finished rollouts (`RolloutFinisher.check_files`): a missing
+file poisons a rollout, unless its version is being collected (the rollout is stale then,
+not poisoned)."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from payload_gc import EntryKind, PayloadGCError, RootMissing, RootRefused
+from sample_kit import train_sample
 
 from orchestrator.commands.inspect import (
     RunMissing,
@@ -26,7 +27,6 @@ from orchestrator.errors import UserError
 from orchestrator.handoff import (
     LOCK_FILE,
     Progress,
-    TrainSample,
     hold_run_lock,
     publish_batch,
     publish_weights,
@@ -163,20 +163,6 @@ def _config(run_dir: Path, m: int = 2) -> Config:
     )
 
 
-def _sample() -> TrainSample:
-    return TrainSample(
-        group_id="g",
-        rollout_id="r",
-        start_version=0,
-        dispatch_version=0,
-        reward=1.0,
-        advantage=0.5,
-        token_ids=(1, 2),
-        loss_mask=(0, 1),
-        logprobs=(0.0, -0.5),
-    )
-
-
 def test_missing_run_dir(tmp_path: Path) -> None:
     with pytest.raises(
         RunMissing, match=r"run directory .*/nope does not exist \(run_dir in x.toml\)"
@@ -198,7 +184,7 @@ def test_empty_run(tmp_path: Path) -> None:
 def test_snapshot_reads_batches_weights_and_progress(tmp_path: Path) -> None:
     config = _config(tmp_path, m=3)
     for step in (1, 2, 3):
-        publish_batch(config.batches_dir, step, [_sample()], fsync=False)
+        publish_batch(config.batches_dir, step, [train_sample()], fsync=False)
     # A publish cut short leaves a temp dir: it is not a shipped batch.
     (config.batches_dir / ".tmp-step_000004-abcd").mkdir()
     publish_weights(config.weights_dir, 1, fsync=False)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sample_kit import train_sample
 
 from orchestrator.core.rollouts import TrainSample
 from orchestrator.core.samples import build_sample
@@ -49,13 +50,9 @@ def sample_of(turns: list[tuple[int, TurnOutput]], payload_dir: Path | None) -> 
         final_token_route="repeat",
     )
     assert not dropped and sample.untrainable is None, sample.untrainable
-    return TrainSample(
-        group_id="g",
+    return train_sample(
+        version=3,
         rollout_id=sample.rollout_id,
-        start_version=3,
-        dispatch_version=3,
-        reward=1.0,
-        advantage=0.5,
         token_ids=sample.token_ids,
         loss_mask=sample.loss_mask,
         logprobs=sample.logprobs,

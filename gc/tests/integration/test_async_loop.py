@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
-import payload_gc._collect as _collect
 import pytest
 import trio
 from payload_gc import collect_below
-from payload_gc._tree import Tally
 from payload_trees import make_version
 
 TICKS_WANTED = 20
@@ -28,15 +27,17 @@ async def test_the_loop_keeps_ticking_during_a_collection(
     deleting = threading.Event()
     enough_ticks = threading.Event()
     done = trio.Event()
-    real_remove_tree = _collect.remove_tree
+    real_unlink = os.unlink
 
-    def remove_tree(parent_fd: int, name: str, path: str, root_dev: int, tally: Tally) -> bool:
-        # The deleting thread waits until the loop has woken up many times while it was
-        # busy: that only happens if the deletion does not hold up the event loop (a
-        # collector deleting on the loop thread would hang here and fail).
-        deleting.set()
-        assert enough_ticks.wait(20), "the event loop did not run while a deletion was busy"
-        return real_remove_tree(parent_fd, name, path, root_dev, tally)
+    def unlink(path: str, *, dir_fd: int | None = None) -> None:
+        # The deleting thread waits at its first payload file until the loop has woken up
+        # many times while it was busy: that only happens if the deletion does not hold
+        # up the event loop (a collector deleting on the loop thread would hang here and
+        # fail).
+        if path.endswith(".bin") and not deleting.is_set():
+            deleting.set()
+            assert enough_ticks.wait(20), "the event loop did not run while a deletion was busy"
+        real_unlink(path, dir_fd=dir_fd)
 
     async def ticker() -> None:
         nonlocal ticks, ticks_while_deleting
@@ -48,7 +49,7 @@ async def test_the_loop_keeps_ticking_during_a_collection(
                 if ticks_while_deleting >= TICKS_WANTED:
                     enough_ticks.set()
 
-    monkeypatch.setattr(_collect, "remove_tree", remove_tree)
+    monkeypatch.setattr(os, "unlink", unlink)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ticker)
         report = await collect_below(tmp_path, 1, max_workers=1)

@@ -1,4 +1,5 @@
-"""Bind mounts inside a payload root are never entered, by the CLI, the API or a wipe.
+"""Bind mounts inside a payload root are never entered, by the CLI, the API or a wipe (the
+daemon refusing such a root: tests/integration/test_gc_mounts.py).
 
 A bind mount of a directory of the same filesystem has the root's `st_dev`, so only the
 mount id tells it apart. The root below holds `v9` with a file of its own and a
@@ -25,10 +26,9 @@ import pytest
 from payload_gc import KeepReason, collect_below_sync, init_root, wipe_root
 
 if TYPE_CHECKING:
-    from conftest import BindMount
+    from suite_plugin import BindMount
 
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 _OWN = b"v9's own file"
 
 
@@ -167,24 +167,3 @@ def test_wipe_leaves_mount_points_in_place(layout: _Layout) -> None:
     assert sorted(p.name for p in (root / "v9").iterdir()) == ["bindmnt"]
     assert (root / "v9" / "bindmnt" / "deeper" / "canary.bin").read_bytes() == b"\x00\x01deep"
     assert (root / "v11" / "canary.txt").read_text() == "v11 canary\n"
-
-
-async def test_a_fresh_run_refuses_to_start_over_a_mount_point_it_cannot_wipe(
-    tmp_path: Path, bind_mount: BindMount
-) -> None:
-    # A fresh run's versions start again at v0: a bind-mounted v0 left by the wipe would
-    # be written through by servers and refused by the daemon for every rollout.
-    from orchestrator.commands.launch import launch_run
-    from orchestrator.config import load_config
-    from orchestrator.errors import UserError
-
-    config = load_config(DEMO, [f'run_dir="{tmp_path / "run"}"', "max_steps=1"])
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "canary.txt").write_text("canary\n")
-    init_root(config.payload_root)
-    (config.payload_root / "v0").mkdir()
-    with bind_mount(outside, config.payload_root / "v0"):
-        with pytest.raises(UserError, match=r"v0 \(mount point\)"):
-            await launch_run(config)
-        assert (outside / "canary.txt").read_text() == "canary\n"

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cli_kit import refused, run_cli
 from payload_gc import init_root
-from payload_gc._lock import current_owner
 from payload_gc.cli import main
-from payload_trees import make_version
+from payload_trees import lock_by_another_host, make_version
 
 
 def _make_tree(root: Path, versions: int = 6, files: int = 3) -> None:
@@ -28,24 +30,11 @@ def _snapshot(root: Path) -> dict[str, bytes | None]:
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli(capsys, *argv, main=main)
 
 
 def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """Run argv expecting a refusal: exit 2, one line on stderr, nothing on stdout."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse errors exit from inside main
-        code = exc.code  # type: ignore[assignment]
-    out, err = capsys.readouterr()
-    assert code == 2
-    assert out == ""
-    assert err.count("\n") == 1
-    assert err.startswith("payload-gc: error: ")
-    assert "Traceback" not in err
-    return err
+    return refused(capsys, *argv, prefix="payload-gc: error: ", main=main)
 
 
 def test_dry_run_deletes_nothing_and_lists_what_the_real_run_deletes(
@@ -192,8 +181,7 @@ def test_held_lock_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "v0").mkdir()
-    (tmp_path / ".payload-gc").mkdir()
-    (tmp_path / ".payload-gc" / "lock").write_text(current_owner().to_json())
+    lock_by_another_host(tmp_path)
     err = _refused(capsys, "--root", str(tmp_path), "--below", "3")
     assert "is locked by pid" in err
     assert (tmp_path / "v0").is_dir()
@@ -203,17 +191,16 @@ def test_partial_collection_exits_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _make_tree(tmp_path, versions=2)
-    import payload_gc._collect as collect
+    v1 = (tmp_path / "v1").stat().st_ino
+    real_unlink = os.unlink
 
-    real_remove = collect.remove_tree
+    def unlink(path: str, *, dir_fd: int | None = None) -> None:
+        # Tests run as root too, where chmod cannot provoke EACCES: inject it instead.
+        if path == "0.bin" and dir_fd is not None and os.fstat(dir_fd).st_ino == v1:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        real_unlink(path, dir_fd=dir_fd)
 
-    def failing(parent_fd: int, name: str, path: str, root_dev: int, tally: object) -> bool:
-        if name == "v1":
-            tally.problem("v1/0.bin: Permission denied")  # type: ignore[attr-defined]
-            return False
-        return real_remove(parent_fd, name, path, root_dev, tally)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(collect, "remove_tree", failing)
+    monkeypatch.setattr(os, "unlink", unlink)
     code, out, _ = _run(capsys, "--root", str(tmp_path), "--below", "2")
     assert code == 1
     assert "PARTIAL: 1 entries could not be deleted entirely:" in out

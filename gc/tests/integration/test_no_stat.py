@@ -4,8 +4,9 @@ network filesystem that does not cache attributes a collection costs what it del
 not what the root holds (docs/design.md §8).
 
 Every call payload_gc makes on a name goes through `os` (or, for the mount check, through
-`entry_mount_id`), with the name relative to a directory descriptor: recording those
-names shows which entries were touched. The dry run with `--measure-kept`, which walks
+`entry_mount_id`: `statx` by ctypes, which no patch of `os` sees, so it is recorded where
+payload_gc/_scan.py calls it), with the name relative to a directory descriptor: recording
+those names shows which entries were touched. The dry run with `--measure-kept`, which walks
 the kept versions on purpose, shows that the recording sees such walks.
 """
 

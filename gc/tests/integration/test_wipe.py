@@ -15,8 +15,7 @@ from payload_gc import (
     wipe_root,
     wipe_root_async,
 )
-from payload_gc._lock import current_owner
-from payload_gc._root_guard import dangerous_reason
+from payload_trees import lock_by_another_host
 
 
 def _populate(root: Path) -> None:
@@ -94,7 +93,6 @@ def test_wipe_refuses_a_symlink(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("path", ["/", "/root", "/home", "/home/alice", "/tmp/../home/bob"])
 def test_dangerous_roots(path: str) -> None:
-    assert dangerous_reason(path) is not None
     with pytest.raises(RootRefused, match="refusing to wipe payload root"):
         wipe_root(path)
     with pytest.raises(RootRefused, match="refusing to mark payload root"):
@@ -107,14 +105,15 @@ def test_home_directory_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     monkeypatch.setenv("HOME", str(home))
     with pytest.raises(RootRefused, match="home directory"):
         wipe_root(home)
-    assert dangerous_reason(home / "run" / "payloads") is None
+    # Below it is not the home directory itself.
+    init_root(home / "run" / "payloads")
+    assert wipe_root(home / "run" / "payloads").outcome == "complete"
 
 
 def test_wipe_refuses_while_a_collector_holds_the_lock(tmp_path: Path) -> None:
     init_root(tmp_path)
     (tmp_path / "v0").mkdir()
-    (tmp_path / ".payload-gc").mkdir()
-    (tmp_path / ".payload-gc" / "lock").write_text(current_owner().to_json())
+    lock_by_another_host(tmp_path)
     with pytest.raises(LockHeld):
         wipe_root(tmp_path)
     assert (tmp_path / "v0").is_dir()

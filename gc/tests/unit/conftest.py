@@ -1,4 +1,5 @@
-"""Fixtures the unit tests share."""
+"""Fixtures of payload-gc's unit tests: the tests of its private walk (test_tree.py)
+start from an open root."""
 
 from __future__ import annotations
 
@@ -7,13 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from payload_gc._tree import open_root
 
 
 @pytest.fixture
 def root_fd(tmp_path: Path) -> Iterator[int]:
-    """`tmp_path` opened as a payload root (payload_gc's no-follow open), closed after."""
-    fd = open_root(str(tmp_path))
+    """`tmp_path` opened as a directory, never through a link, closed after."""
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         yield fd
     finally:

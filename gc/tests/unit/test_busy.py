@@ -1,23 +1,25 @@
-"""Busy files (deleted while open, silly-renamed by NFS or FUSE) in the fd-relative walk:
-never unlinked, never counted as files, and the directories holding them left as busy
-rather than failed."""
+"""Busy files (deleted while open, silly-renamed by NFS or FUSE) in a collection: never
+unlinked, never counted as files, and the directories holding them left as busy rather
+than failed."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from payload_gc import (
+    CollectionError,
     EntryKind,
     KeepReason,
     RootEntry,
+    Usage,
+    collect_below_sync,
     is_busy_name,
     plan_collection,
+    plan_root,
     unmarked_root_refusal,
 )
-from payload_gc._mounts import fd_mount_id
-from payload_gc._tree import MAX_PROBLEMS_KEPT, Tally, measure_dir, remove_tree
+from payload_trees import refuse_listing
 
 NFS = ".nfs000000000123abcd00000001"
 FUSE = ".fuse_hidden0000000a00000001"
@@ -50,91 +52,77 @@ def test_other_names_are_not_busy(name: str) -> None:
     assert not is_busy_name(name)
 
 
-def test_a_directory_holding_only_busy_files_is_left_busy_not_failed(
-    tmp_path: Path, root_fd: int
-) -> None:
+def test_a_directory_holding_only_busy_files_is_left_busy_not_failed(tmp_path: Path) -> None:
     (tmp_path / "v1" / "sub").mkdir(parents=True)
     (tmp_path / "v1" / "a.bin").write_bytes(b"12345")
     (tmp_path / "v1" / NFS).write_bytes(b"held open by a reader")
     (tmp_path / "v1" / "sub" / "b.bin").write_bytes(b"12")
     (tmp_path / "v1" / "sub" / FUSE).write_bytes(b"also held")
-    tally = Tally()
-    assert not remove_tree(root_fd, "v1", "v1", fd_mount_id(root_fd), tally)
-    assert tally.problems == []
-    assert tally.problem_count == 0
+    report = collect_below_sync(tmp_path, 2)
+    assert (report.outcome, report.errors, report.deleted) == ("busy", (), ())
+    (busy,) = report.busy
     # The busy files are neither deleted nor counted; everything else went.
-    assert (tally.files, tally.bytes) == (2, 7)
-    assert tally.busy_count == 2
-    assert sorted(tally.busy_paths) == [f"v1/{NFS}", f"v1/sub/{FUSE}"]
+    assert (busy.name, busy.files, busy.bytes) == ("v1", 2, 7)
+    assert busy.busy == 2
+    assert sorted(busy.paths) == [f"v1/{NFS}", f"v1/sub/{FUSE}"]
     assert sorted(p.name for p in (tmp_path / "v1").iterdir()) == [NFS, "sub"]
     assert [p.name for p in (tmp_path / "v1" / "sub").iterdir()] == [FUSE]
-    assert "2 busy files (" in tally.busy_summary()
+    assert busy.message.startswith("2 busy files (")
 
 
-def test_once_the_busy_files_are_gone_the_directory_goes(tmp_path: Path, root_fd: int) -> None:
+def test_once_the_busy_files_are_gone_the_directory_goes(tmp_path: Path) -> None:
     (tmp_path / "v1").mkdir()
     (tmp_path / "v1" / NFS).write_bytes(b"x")
-    assert not remove_tree(root_fd, "v1", "v1", fd_mount_id(root_fd), Tally())
+    assert collect_below_sync(tmp_path, 2).outcome == "busy"
     # The client removes the name when the file is closed.
     (tmp_path / "v1" / NFS).unlink()
-    tally = Tally()
-    assert remove_tree(root_fd, "v1", "v1", fd_mount_id(root_fd), tally)
-    assert (tally.files, tally.busy_count, tally.problem_count) == (0, 0, 0)
+    report = collect_below_sync(tmp_path, 2)
+    assert (report.outcome, report.busy, report.errors) == ("complete", (), ())
+    assert [(d.name, d.files) for d in report.deleted] == [("v1", 0)]
     assert not (tmp_path / "v1").exists()
 
 
-def test_a_directory_with_a_busy_like_name_is_removed_as_usual(
-    tmp_path: Path, root_fd: int
-) -> None:
+def test_a_directory_with_a_busy_like_name_is_removed_as_usual(tmp_path: Path) -> None:
     # Only files are silly-renamed: a directory of that name is no busy file.
     (tmp_path / "v1" / NFS).mkdir(parents=True)
     (tmp_path / "v1" / NFS / "c.bin").write_bytes(b"abc")
-    tally = Tally()
-    assert remove_tree(root_fd, "v1", "v1", fd_mount_id(root_fd), tally)
-    assert (tally.files, tally.bytes, tally.busy_count) == (1, 3, 0)
+    report = collect_below_sync(tmp_path, 2)
+    assert (report.outcome, report.busy) == ("complete", ())
+    assert [(d.name, d.files, d.bytes) for d in report.deleted] == [("v1", 1, 3)]
     assert not (tmp_path / "v1").exists()
 
 
 def test_a_busy_file_next_to_a_real_failure_is_still_a_failure(
-    tmp_path: Path, root_fd: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import payload_gc._tree as tree
-
     (tmp_path / "v1" / "locked").mkdir(parents=True)
     (tmp_path / "v1" / "locked" / "x").write_bytes(b"x")
     (tmp_path / "v1" / NFS).write_bytes(b"y")
-    real_list_dir = tree.list_dir
-    locked_ino = (tmp_path / "v1" / "locked").stat().st_ino
-
-    def list_dir(fd: int) -> list[os.DirEntry[str]]:
-        # Root bypasses permissions, so a listing refused by EACCES is injected.
-        if os.fstat(fd).st_ino == locked_ino:
-            raise PermissionError(13, "Permission denied")
-        return real_list_dir(fd)
-
-    monkeypatch.setattr(tree, "list_dir", list_dir)
-    tally = Tally()
-    assert not remove_tree(root_fd, "v1", "v1", fd_mount_id(root_fd), tally)
-    assert tally.problems == ["v1/locked: Permission denied"]
-    assert tally.busy_paths == [f"v1/{NFS}"]
+    refuse_listing(monkeypatch, tmp_path / "v1" / "locked")
+    report = collect_below_sync(tmp_path, 2)
+    assert report.outcome == "partial"
+    assert report.errors == (CollectionError("v1", "v1/locked: Permission denied"),)
+    assert report.busy == ()
+    assert sorted(p.name for p in (tmp_path / "v1").iterdir()) == [NFS, "locked"]
 
 
-def test_measuring_counts_busy_files_apart(tmp_path: Path, root_fd: int) -> None:
+def test_measuring_counts_busy_files_apart(tmp_path: Path) -> None:
     (tmp_path / "v1" / "d").mkdir(parents=True)
     (tmp_path / "v1" / "a").write_bytes(b"12345")
     (tmp_path / "v1" / NFS).write_bytes(b"123456789")
     (tmp_path / "v1" / "d" / FUSE).write_bytes(b"1")
-    usage = measure_dir(root_fd, "v1", fd_mount_id(root_fd))
-    assert (usage.files, usage.bytes, usage.busy) == (1, 5, 2)
+    (planned,) = plan_root(tmp_path, 2).delete
+    assert planned.usage == Usage(files=1, bytes=5, busy=2)
 
 
-def test_busy_paths_are_capped_but_counted() -> None:
-    tally = Tally()
-    for i in range(MAX_PROBLEMS_KEPT + 7):
-        tally.busy(f"v1/.nfs{i:024x}")
-    assert tally.busy_count == MAX_PROBLEMS_KEPT + 7
-    assert len(tally.busy_paths) == MAX_PROBLEMS_KEPT
-    assert " and 7 more" in tally.busy_summary()
+def test_busy_paths_are_capped_but_counted(tmp_path: Path) -> None:
+    (tmp_path / "v1").mkdir()
+    for i in range(40):
+        (tmp_path / "v1" / f".nfs{i:024x}").write_bytes(b"x")
+    (busy,) = collect_below_sync(tmp_path, 2).busy
+    assert busy.busy == 40
+    assert 0 < len(busy.paths) < 40
+    assert f" and {40 - len(busy.paths)} more" in busy.message
 
 
 def test_a_busy_file_in_the_root_stays_and_is_no_foreign_entry() -> None:

@@ -1,4 +1,8 @@
-"""The collector's lock file: held, released, stale locks taken over, waiting for it."""
+"""The collector's lock file: held, released, stale locks taken over, waiting for it.
+
+Through collections where they can show it; payload_gc/_lock.py itself where the test needs
+the lock held with no collection running, a crash between its steps, or its polling.
+"""
 
 from __future__ import annotations
 

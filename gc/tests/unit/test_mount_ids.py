@@ -1,5 +1,7 @@
 """Mount identities: equal on the root's mount, different across a bind mount of the
-same filesystem, links never followed, and the fallbacks agree with each other.
+same filesystem, links never followed, and the fallbacks agree with each other. These
+test payload_gc/_mounts.py itself: its fallbacks (no `statx`, no /proc) have no public face.
+What a collection does with them: gc/tests/integration/test_bind_mounts.py.
 
 The bind-mount tests need root (`mount --bind`); they skip with the reason otherwise,
 and always unmount in teardown.
@@ -18,7 +20,7 @@ import pytest
 from payload_gc._mounts import entry_mount_id, fd_mount_id
 
 if TYPE_CHECKING:
-    from conftest import BindMount
+    from suite_plugin import BindMount
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 

@@ -1,6 +1,7 @@
 """What vanished means (`is_vanished`): an entry someone else removed, reported as
-`ENOENT` or, on NFS and FUSE mounts, as `ESTALE` ("Stale file handle"). payload_gc, the
-daemon's file removal and the payload readers count it as gone, never as a problem.
+`ENOENT` or, on NFS and FUSE mounts, as `ESTALE` ("Stale file handle"). A collection, file
+removal and the lock count it as gone, never as a problem (the payload readers on top:
+tests/unit/test_gc_vanished.py).
 
 Two emulations of what sshfs does (seen on `tests/netmount/mount.sh` mounts), so these run
 on any filesystem:
@@ -21,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import payload_gc._scan as scan_module
 import pytest
 from payload_gc import (
+    DeletedDir,
     PayloadRootFiles,
     collect_below_sync,
     is_vanished,
@@ -32,20 +33,7 @@ from payload_gc import (
     remove_files,
     scan_root,
 )
-from payload_gc._layout import LOCK_NAME
-from payload_gc._lock import current_owner, open_control_dir, try_acquire
-from payload_gc._mounts import entry_mount_id as real_entry_mount_id
-from payload_gc._mounts import fd_mount_id
-from payload_gc._tree import Tally, open_root, remove_tree
-from payload_trees import make_version
-
-from orchestrator.payload import (
-    PayloadMissing,
-    PayloadSegment,
-    read_rows,
-    read_segment,
-    write_payload_file,
-)
+from payload_trees import lock_by_another_host, make_version
 
 NFS = ".nfs000000000123abcd00000001"
 REAL_OPEN = os.open
@@ -141,14 +129,14 @@ def _make_version(root: Path, version: int, names: tuple[str, ...] = ("a", "b", 
 def _on_first_unlink(
     monkeypatch: pytest.MonkeyPatch, action: Callable[[str | os.PathLike[str], int | None], None]
 ) -> None:
-    """Run `action(name, dir_fd)` instead of the first `os.unlink`, then unlink as the
-    patched `os.unlink` did before."""
+    """Run `action(name, dir_fd)` before the first `os.unlink` of a payload file (not the
+    collector's own `lock.*` files), then unlink as the patched `os.unlink` did before."""
     inner = os.unlink
     done = False
 
     def unlink(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> None:
         nonlocal done
-        if not done:
+        if not done and not os.fspath(path).startswith("lock"):
             done = True
             action(path, dir_fd)
         inner(path, dir_fd=dir_fd)
@@ -171,7 +159,7 @@ def test_vanished_is_enoent_or_estale(code: int, vanished: bool) -> None:
 
 
 def test_emptying_a_directory_another_remover_removed_is_success(
-    tmp_path: Path, root_fd: int, stale_handles: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, stale_handles: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     directory = _make_version(tmp_path, 0)
     (directory / "sub").mkdir()
@@ -179,14 +167,13 @@ def test_emptying_a_directory_another_remover_removed_is_success(
     # Another remover takes the whole directory away while this one is in it: every call
     # in it is then refused as stale, as on sshfs.
     _on_first_unlink(monkeypatch, lambda path, dir_fd: shutil.rmtree(directory))
-    tally = Tally()
-    assert remove_tree(root_fd, "v0", "v0", fd_mount_id(root_fd), tally)
-    assert (tally.problems, tally.files) == ([], 0)
+    report = collect_below_sync(tmp_path, 1)
+    assert (report.errors, report.deleted) == ((), (DeletedDir("v0", 0, 0, 0),))
     assert not directory.exists()
 
 
 def test_a_directory_removed_before_its_rescan_is_gone(
-    tmp_path: Path, root_fd: int, stale_handles: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, stale_handles: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     directory = _make_version(tmp_path, 0, ("a",))
 
@@ -196,14 +183,13 @@ def test_a_directory_removed_before_its_rescan_is_gone(
         REAL_RMDIR(directory)
 
     _on_first_unlink(monkeypatch, unlink_all)
-    tally = Tally()
-    assert remove_tree(root_fd, "v0", "v0", fd_mount_id(root_fd), tally)
-    assert (tally.problems, tally.files) == ([], 0)
+    report = collect_below_sync(tmp_path, 1)
+    assert (report.errors, report.deleted) == ((), (DeletedDir("v0", 0, 0, 0),))
 
 
 @pytest.mark.parametrize("late", ["written", "silly-renamed"])
 def test_a_rescan_lists_the_directory_afresh(
-    tmp_path: Path, root_fd: int, no_rewind: None, monkeypatch: pytest.MonkeyPatch, late: str
+    tmp_path: Path, no_rewind: None, monkeypatch: pytest.MonkeyPatch, late: str
 ) -> None:
     # While the directory is emptied, a writer adds a file, or a file open elsewhere is
     # silly-renamed instead of unlinked: the rescan must see it although the directory's
@@ -218,15 +204,13 @@ def test_a_rescan_lists_the_directory_afresh(
 
     (directory / "b").write_bytes(b"b")
     _on_first_unlink(monkeypatch, meanwhile)
-    tally = Tally()
-    gone = remove_tree(root_fd, "v0", "v0", fd_mount_id(root_fd), tally)
-    assert tally.problems == []
+    report = collect_below_sync(tmp_path, 1)
+    assert report.errors == ()
     if late == "written":
-        assert gone
-        assert tally.files == 3
+        assert [(d.name, d.files) for d in report.deleted] == [("v0", 3)]
     else:
-        assert not gone
-        assert tally.busy_paths == [f"v0/{NFS}"]
+        assert report.deleted == ()
+        assert [b.paths for b in report.busy] == [(f"v0/{NFS}",)]
         assert sorted(os.listdir(directory)) == [NFS]
 
 
@@ -254,6 +238,9 @@ def test_an_entry_vanishing_while_the_root_is_listed_is_left_out(
     _make_version(tmp_path, 0)
     _make_version(tmp_path, 5)
 
+    # The mount check is `statx` by ctypes, which no patch of `os` reaches.
+    real_entry_mount_id = scan_module.entry_mount_id
+
     def entry_mount_id(dir_fd: int, name: str) -> tuple[str, int]:
         if name == "v0":
             raise _stale()
@@ -280,71 +267,22 @@ def test_removing_files_of_a_version_collected_meanwhile_is_success(
 def test_a_lock_released_while_it_is_read_is_taken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root_fd = open_root(str(tmp_path))
-    control_fd = open_control_dir(root_fd, str(tmp_path))
-    try:
-        (tmp_path / ".payload-gc" / LOCK_NAME).write_text(current_owner().to_json())
-
-        def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-            if path == LOCK_NAME and not flags & os.O_CREAT:
-                # Its holder released it between our create and our read.
-                REAL_UNLINK(LOCK_NAME, dir_fd=control_fd)
-                raise _stale()
-            return REAL_OPEN(path, flags, *args, **kwargs)
-
-        monkeypatch.setattr(os, "open", open_)
-        held = try_acquire(control_fd, str(tmp_path))
-        monkeypatch.undo()
-        assert held.owner.pid == os.getpid()
-        held.release()
-    finally:
-        os.close(control_fd)
-        os.close(root_fd)
-
-
-@pytest.fixture
-def segment(tmp_path: Path) -> tuple[Path, PayloadSegment]:
-    directory = tmp_path / "root" / "v1"
-    directory.mkdir(parents=True)
-    routing = np.arange(4 * 2 * 3, dtype=np.uint8).reshape(4, 2, 3)
-    (written,) = write_payload_file(directory, {"routed_experts": (routing, 0)})
-    return directory, written
-
-
-def test_the_reader_says_missing_for_a_file_that_vanished(
-    segment: tuple[Path, PayloadSegment], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    directory, written = segment
+    (tmp_path / "v0").mkdir()
+    lock_by_another_host(tmp_path)
+    lock = tmp_path / ".payload-gc" / "lock"
+    released = False
 
     def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if path == written.file:
+        nonlocal released
+        if path == "lock" and not flags & os.O_CREAT and not released:
+            # Its holder released it between our create and our read.
+            released = True
+            lock.unlink()
             raise _stale()
         return REAL_OPEN(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", open_)
-    with pytest.raises(PayloadMissing) as missing:
-        read_segment(directory, written)
-    assert missing.value.detail == "no such file"
-    with PayloadRootFiles(directory.parent) as files, pytest.raises(PayloadMissing) as missing:
-        read_rows(files.version(1), written, 0, 1)
-    assert missing.value.detail == "no such file"
-
-
-def test_the_reader_says_missing_for_a_file_deleted_elsewhere_while_open(
-    segment: tuple[Path, PayloadSegment], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # NFS: another host deleted the file after it was opened here; reading the open
-    # descriptor then fails with a stale handle.
-    directory, written = segment
-
-    def stale(*args: Any, **kwargs: Any) -> Any:
-        raise _stale()
-
-    monkeypatch.setattr(os, "preadv", stale)
-    monkeypatch.setattr(os, "pread", stale)
-    with pytest.raises(PayloadMissing, match="removed while it was open"):
-        read_segment(directory, written)
-    with PayloadRootFiles(directory.parent) as files:
-        version = files.version(1)
-        with pytest.raises(PayloadMissing, match="removed while it was open"):
-            read_rows(version, written, 0, 1)
+    report = collect_below_sync(tmp_path, 1)
+    assert released
+    assert [d.name for d in report.deleted] == ["v0"]
+    assert not lock.exists()

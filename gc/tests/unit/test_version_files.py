@@ -20,7 +20,7 @@ from payload_gc import (
 )
 
 if TYPE_CHECKING:
-    from conftest import BindMount
+    from suite_plugin import BindMount
 
 
 @pytest.fixture

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from payload_gc import min_fresh_version, parse_version
-from payload_gc._versions import is_noncanonical_version
+from payload_gc import (
+    EntryKind,
+    KeepReason,
+    RootEntry,
+    min_fresh_version,
+    parse_version,
+    plan_collection,
+)
 
 
 def test_bound_is_step_minus_one_minus_m() -> None:
@@ -59,14 +65,21 @@ def test_parse_rejects_everything_else(name: str) -> None:
     assert parse_version(name) is None
 
 
+def _keep_reason(name: str) -> KeepReason:
+    """Why a directory named `name` stays in a collection at bound 0 (which deletes
+    nothing)."""
+    (kept,) = plan_collection([RootEntry(name, EntryKind.DIRECTORY)], 0).keep
+    return kept.reason
+
+
 @pytest.mark.parametrize("name", ["v00", "v007", "v010", "v0000000000001"])
 def test_leading_zeros_look_like_a_version_but_are_not_canonical(name: str) -> None:
     assert parse_version(name) is None
-    assert is_noncanonical_version(name)
+    assert _keep_reason(name) is KeepReason.NOT_CANONICAL
 
 
 @pytest.mark.parametrize(
     "name", ["v0", "v7", "v10", "", "v", "0", "00", "V007", "v0a", "v-07", "v0٣", "v 07", "x007"]
 )
 def test_canonical_and_other_names_are_not_noncanonical_versions(name: str) -> None:
-    assert not is_noncanonical_version(name)
+    assert _keep_reason(name) is not KeepReason.NOT_CANONICAL
