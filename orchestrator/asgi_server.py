@@ -1,4 +1,6 @@
-"""Serve an ASGI app with hypercorn on the running trio loop: `serve_asgi`.
+"""Serve an ASGI app with hypercorn on the running trio loop (`serve_asgi`), and the little
+of ASGI the apps need: read a body, send bytes or JSON, see a client leave, answer the
+lifespan protocol.
 
 Every HTTP server of this project (the daemon's metrics endpoint, the local fleet's
 inference servers and P/D router) is a small hand-written ASGI app that hypercorn serves
@@ -11,6 +13,7 @@ log. A leaf: it imports nothing of the orchestrator.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
@@ -22,14 +25,30 @@ import trio
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIFramework
 
-__all__ = ["IDLE_DEADLINE_S", "ASGIApp", "ListenAddress", "bind_socket", "serve_asgi"]
-
-Message = MutableMapping[str, Any]
-#: An ASGI 3 application over plain-dict messages (https://asgi.readthedocs.io).
-ASGIApp = Callable[
-    [Message, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
-    Awaitable[None],
+__all__ = [
+    "IDLE_DEADLINE_S",
+    "ASGIApp",
+    "BodyTooLarge",
+    "ClientGone",
+    "ListenAddress",
+    "Receive",
+    "Scope",
+    "Send",
+    "bind_socket",
+    "read_body",
+    "send_bytes",
+    "send_json",
+    "serve_asgi",
+    "serve_lifespan",
+    "wait_for_disconnect",
 ]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+#: An ASGI 3 application over plain-dict messages (https://asgi.readthedocs.io).
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # How long a connection may sit idle, or stall before its request head is complete.
 # hypercorn also holds a connection the client closed between requests open until then,
@@ -110,3 +129,70 @@ async def serve_asgi(
     finally:
         for sock in sockets:
             sock.close()
+
+
+class ClientGone(Exception):
+    """The client disconnected before the request body was complete."""
+
+
+class BodyTooLarge(Exception):
+    """The request body is larger than the server accepts."""
+
+
+async def read_body(receive: Receive, *, limit: int) -> bytes:
+    """Read the whole request body.
+
+    Raises `ClientGone` if the client disconnects first, `BodyTooLarge` past `limit` bytes.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Wait until the client closes the connection (call after the body was read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def send_bytes(
+    send: Send, status: int, body: bytes, content_type: bytes = b"application/json"
+) -> None:
+    """Send a complete response with `status` and `body`."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode("ascii")),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_json(send: Send, status: int, obj: object) -> None:
+    """Send `obj` as a JSON response with `status`."""
+    await send_bytes(send, status, json.dumps(obj).encode())
+
+
+async def serve_lifespan(receive: Receive, send: Send) -> None:
+    """Answer the server's lifespan protocol: nothing to set up or tear down."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -40,7 +40,8 @@ def frozen_array(value: npt.ArrayLike, dtype: npt.DTypeLike) -> np.ndarray:
     if isinstance(value, np.ndarray) and value.dtype == dtype and not value.flags.writeable:
         return value
     source = value if isinstance(value, np.ndarray) else np.asarray(value)
-    if source.dtype.kind == "f" and np.dtype(dtype).kind in "iub":
+    # An empty sequence has no values to be wrong: numpy gives it float64.
+    if source.dtype.kind == "f" and np.dtype(dtype).kind in "iub" and source.size:
         raise ValueError(f"expected integers, got {source.dtype} values")
     if source.dtype.kind in "iu" and np.dtype(dtype).kind in "iu" and source.size:
         info = np.iinfo(dtype)

@@ -23,7 +23,7 @@ environments (`orchestrator.sim.environments`) and the real tasks
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import numpy as np
@@ -104,6 +104,41 @@ class Episode(Protocol):
         ...
 
 
+@attrs.frozen
+class Driven:
+    """How a driven episode ended (`DrivenEpisode.drive`): the environment's reward for
+    it (None when it could not score it: `error` says why), its metrics, and every turn's
+    sampled tokens as the environment recorded them, in order (the daemon checks them
+    against the turns it ran). `error`: the episode itself failed (an exception in the
+    environment, a dead worker, a stop condition that is an error); the rollout fails."""
+
+    reward: float | None
+    completions: tuple[tuple[int, ...], ...] = ()
+    metrics: Mapping[str, float] = attrs.field(factory=dict)
+    error: str | None = None
+
+
+@runtime_checkable
+class DrivenEpisode(Protocol):
+    """An episode whose environment drives its own turns (a verifiers environment): it
+    calls the model itself, at `model_url`, the daemon's loopback endpoint for this one
+    rollout, in the token-in/token-out form of prime-rl's and vLLM's
+    `POST {model_url}/inference/v1/generate` (and `GET {model_url}/v1/models`). The daemon
+    runs each call as a turn of its own (the policy version, the payload directory, the
+    routing, retries, the in-flight limit), records it under the rollout, and answers with
+    the tokens sampled. `score` then gives `Driven.reward` (raising `ScoreFailed` when it is
+    None)."""
+
+    async def drive(self, model_url: str) -> Driven:
+        """Run the episode to its end. Never raises for the environment's own failures:
+        they are `Driven.error`."""
+        ...
+
+    async def score(self, completions: Sequence[np.ndarray]) -> float:
+        """The reward `drive` reported. Raises `ScoreFailed` when there was none."""
+        ...
+
+
 class Environment(Protocol):
     """What the daemon needs from an environment."""
 
@@ -118,6 +153,7 @@ class Environment(Protocol):
         `PromptSkipped` for an index it cannot use."""
         ...
 
-    def episode(self, prompt: Prompt) -> Episode:
-        """A new episode of `prompt`, for one rollout (no I/O: it runs on the event loop)."""
+    def episode(self, prompt: Prompt) -> Episode | DrivenEpisode:
+        """A new episode of `prompt`, for one rollout (no I/O: it runs on the event loop):
+        one the daemon drives turn by turn, or one that drives itself."""
         ...

@@ -25,6 +25,7 @@ from orchestrator.core.refusals import RefusalWatch
 from orchestrator.core.rollouts import GroupResult
 from orchestrator.core.sink import TrainSink
 from orchestrator.daemon.inference.http11 import HTTP11Client
+from orchestrator.daemon.inference.model_endpoint import ModelDesk
 from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.rollout_finisher import RolloutFinisher
 from orchestrator.daemon.rollout_runner import RolloutRun, RolloutRunner
@@ -55,6 +56,8 @@ class Dispatcher:
     sink: TrainSink  # read for its count of queued samples
     file_limiter: trio.CapacityLimiter
     pool: ServerPool
+    # Where environments that drive their own turns call the model.
+    desk: ModelDesk | None = None
     _gate: DispatchGate = attrs.field(init=False)
     _runner: RolloutRunner = attrs.field(init=False)
     _finisher: RolloutFinisher = attrs.field(init=False)
@@ -70,6 +73,7 @@ class Dispatcher:
             state.dispatch.rejections,
             capture=True,
             refusals=RefusalWatch(config.inference.refusal_stop_s),
+            desk=self.desk,
         )
         self._finisher = RolloutFinisher(config, state, self.file_limiter)
 

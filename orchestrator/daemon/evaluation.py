@@ -35,6 +35,7 @@ from orchestrator.core.evals import (
     summarize,
 )
 from orchestrator.daemon.inference.http11 import HTTP11Client
+from orchestrator.daemon.inference.model_endpoint import ModelDesk
 from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.reporting.run_lines import RunLines
 from orchestrator.daemon.rollout_finisher import score
@@ -55,6 +56,8 @@ class Evaluator:
     pool: ServerPool
     lines: RunLines
     resumed: bool = False
+    # Where environments that drive their own turns call the model.
+    desk: ModelDesk | None = None
     _schedule: EvalSchedule = attrs.field(init=False)
     _runner: RolloutRunner = attrs.field(init=False)
     # Eval rollouts are never asked to stop early: they end with their requests.
@@ -75,6 +78,7 @@ class Evaluator:
             self.pool,
             self.state.evaluation.rejections,
             capture=False,
+            desk=self.desk,
         )
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

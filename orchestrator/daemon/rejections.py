@@ -4,8 +4,9 @@ remembered by its most common texts, and logged at warning level without floodin
 A rejection is a failed request attempt (`connect`, `transport`, `timeout`, `http_5xx`,
 `http_4xx`, `malformed`, and any kind the inference client adds), a payload that cannot
 be trusted (`poisoned_payload`), a rollout whose turns cannot be stitched into one sample
-(`stitching`), or routing dropped from a sample (`routing_gap`); docs/operations.md
-§ Faults lists what each means. `record` does three things:
+(`stitching`), routing dropped from a sample (`routing_gap`), or an environment that
+drives its turns disagreeing with what was sampled (`trajectory_mismatch`);
+docs/operations.md § Faults lists what each means. `record` does three things:
 
 - counts the kind (the counter behind `rollout_failures_total{kind}` and the summary);
 - counts the first `TEXT_CHARS` characters of the detail, per kind, keeping at most

@@ -9,6 +9,7 @@ routing start, and their replies' payload arrays are not read.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -19,11 +20,12 @@ import trio
 
 from orchestrator.config import Config
 from orchestrator.core.arrays import TOKEN_DTYPE
-from orchestrator.core.environments import Episode, Prompt
+from orchestrator.core.environments import Driven, DrivenEpisode, Episode, Prompt, Sampling
 from orchestrator.core.refusals import NO_ANSWER_KINDS, REFUSAL_KINDS, RefusalWatch
 from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon.inference.client import encode_generate_request, post_generate
 from orchestrator.daemon.inference.http11 import HTTP11Client
+from orchestrator.daemon.inference.model_endpoint import CallRefused, GenerateCall, ModelDesk
 from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.pass_budget import yield_if_pass_is_long
 from orchestrator.daemon.rejections import Rejections
@@ -48,7 +50,7 @@ class RolloutRun:
     failure_kind: str | None = None
     server: str = ""  # the inference server it ran on
     # Its conversation with the environment (the members of a group diverge).
-    episode: Episode | None = None
+    episode: Episode | DrivenEpisode | None = None
 
     def fail(self, kind: str, detail: str) -> RolloutRun:
         self.failed, self.failure_kind = detail, kind
@@ -69,6 +71,8 @@ class RolloutRunner:
     # Watches for a fleet that refuses every request (training's runner only): once it
     # does, `state.dispatch.refused` says why and no group starts any more.
     refusals: RefusalWatch | None = None
+    # Where environments that drive their own turns call the model (None: none may).
+    desk: ModelDesk | None = None
     # The last version's payload directory: one Path per version, not one per rollout.
     _last_payload_dir: tuple[int, Path] | None = attrs.field(default=None, init=False)
     # Whether rollouts write payload files (decided by the config once, not per rollout).
@@ -87,43 +91,27 @@ class RolloutRunner:
         self,
         rollout_id: str,
         prompt: Prompt,
-        episode: Episode,
+        episode: Episode | DrivenEpisode,
         server: str,
         stop: trio.Event,
     ) -> RolloutRun:
         """The rollout of `prompt` (its conversation: `episode`) on `server`, tagged with
         the applied version, ended after the request in flight once `stop` is set."""
-        config = self.config
         version = self.state.versions.applied
         payload_dir = self._payload_dir(version) if self._writes_files else None
         tokens = np.asarray(prompt.token_ids, dtype=TOKEN_DTYPE)
         run = RolloutRun(rollout_id, version, payload_dir, tokens, server=server, episode=episode)
-        wants_routing = "routed_experts" in self.fields
+        if isinstance(episode, DrivenEpisode):
+            return await self._run_driven(run, prompt.sampling, episode, stop)
         # Delta replay: each turn asks for routing rows from where the previous turn's
         # rows ended (its last sampled token was never run forward), never for rows the
         # rollout already holds.
         routing_start = 0
-        sampling = prompt.sampling
-        for turn_index in range(sampling.max_turns):
+        for turn_index in range(prompt.sampling.max_turns):
             if stop.is_set():
                 return run.fail("stopped", "stopped: the group can no longer ship")
-            # Encoded once, kept as bytes while the request is in flight (and retried): a
-            # list of thousands of Python ints would be work for every full collection.
-            body = encode_generate_request(
-                build_generate_request(
-                    request_id=f"{rollout_id}-t{turn_index}",
-                    token_ids=run.tokens,
-                    sampling=sampling,
-                    seed=_seed(config.seed, rollout_id, turn_index),
-                    payload_dir=payload_dir,
-                    routing_start=routing_start if wants_routing else None,
-                    model=config.inference.model,
-                )
-            )
             try:
-                turn = await self._request_turn(
-                    server, body, len(run.tokens), routing_start, payload_dir, stop
-                )
+                turn = await self._turn(run, turn_index, prompt.sampling, routing_start, stop)
             except InferenceFailure as failure:
                 return run.fail(failure.kind, str(failure))
             run.turns.append((len(run.tokens), turn))
@@ -141,6 +129,108 @@ class RolloutRunner:
             )
             routing_start = len(run.tokens) - len(reply) - 1
         return run
+
+    async def _turn(
+        self,
+        run: RolloutRun,
+        turn_index: int,
+        sampling: Sampling,
+        routing_start: int,
+        stop: trio.Event,
+    ) -> TurnOutput:
+        """Turn `turn_index` of `run`, with `run.tokens` as its prompt. Raises the last
+        `InferenceFailure` once retries are spent."""
+        config = self.config
+        # Encoded once, kept as bytes while the request is in flight (and retried): a
+        # list of thousands of Python ints would be work for every full collection.
+        body = encode_generate_request(
+            build_generate_request(
+                request_id=f"{run.rollout_id}-t{turn_index}",
+                token_ids=run.tokens,
+                sampling=sampling,
+                seed=_seed(config.seed, run.rollout_id, turn_index),
+                payload_dir=run.payload_dir,
+                routing_start=routing_start if "routed_experts" in self.fields else None,
+                model=config.inference.model,
+            )
+        )
+        return await self._request_turn(
+            run.server, body, len(run.tokens), routing_start, run.payload_dir, stop
+        )
+
+    async def _run_driven(
+        self, run: RolloutRun, sampling: Sampling, episode: DrivenEpisode, stop: trio.Event
+    ) -> RolloutRun:
+        """A rollout whose environment drives its turns: each of its calls to the model
+        endpoint is run here as a turn (`_driven_turn`); once it ends, what it recorded
+        must be what was sampled (docs/design.md § Environments that drive their turns)."""
+        if self.desk is None:
+            return run.fail("environment", "this runner has no model endpoint for driven envs")
+        base_url = await self.desk.url()
+        with self.desk.rollout(
+            base_url, functools.partial(self._driven_turn, run, sampling, stop)
+        ) as (
+            model_url,
+            calls,
+        ):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(calls.serve)
+                driven = await episode.drive(model_url)
+                nursery.cancel_scope.cancel()
+        if run.failed is not None:
+            return run
+        problem = driven.error or _disagreement(driven, run)
+        if problem is not None:
+            kind = "environment" if driven.error else "trajectory_mismatch"
+            self.rejections.record(kind, run.server, problem, rollout=run.rollout_id)
+            return run.fail(kind, problem)
+        return run
+
+    async def _driven_turn(
+        self, run: RolloutRun, sampling: Sampling, stop: trio.Event, call: GenerateCall
+    ) -> TurnOutput:
+        """One call of a driven rollout, run as its next turn; raises `CallRefused` for a
+        call it will not run (the rollout fails with the first reason)."""
+        turn_index = len(run.turns)
+        if run.failed is not None:
+            raise CallRefused(409, f"the rollout has failed already: {run.failed}")
+        if stop.is_set():
+            run.fail("stopped", "stopped: the group can no longer ship")
+            raise CallRefused(503, "stopped: the group can no longer ship")
+        if turn_index >= sampling.max_turns:
+            raise CallRefused(
+                400, f"the rollout has had its {sampling.max_turns} turns (max_turns)"
+            )
+        held = len(run.tokens)
+        if turn_index and not (
+            len(call.token_ids) > held and np.array_equal(call.token_ids[:held], run.tokens)
+        ):
+            detail = (
+                f"turn {turn_index}'s tokens do not extend the last turn's prompt and completion"
+                " (the conversation was rendered anew, not bridged)"
+            )
+            self.rejections.record(
+                "trajectory_mismatch", run.server, detail, rollout=run.rollout_id
+            )
+            run.fail("trajectory_mismatch", detail)
+            raise CallRefused(400, detail)
+        asked = sampling.max_tokens if call.max_tokens is None else call.max_tokens
+        stops = tuple(dict.fromkeys((*sampling.stop_token_ids, *call.stop_token_ids)))
+        turn_sampling = attrs.evolve(
+            sampling, max_tokens=min(asked, sampling.max_tokens), stop_token_ids=stops
+        )
+        # Routing rows from where the rows held end: the last sampled token was never run
+        # forward (as in `run`).
+        routing_start = held - 1 if turn_index else 0
+        run.tokens = call.token_ids
+        try:
+            turn = await self._turn(run, turn_index, turn_sampling, routing_start, stop)
+        except InferenceFailure as failure:
+            run.fail(failure.kind, str(failure))
+            raise CallRefused(502, f"the inference server failed: {failure}") from None
+        run.turns.append((len(run.tokens), turn))
+        run.tokens = np.concatenate([run.tokens, turn.completion_ids])
+        return turn
 
     def _payload_dir(self, version: int) -> Path:
         if self._last_payload_dir is None or self._last_payload_dir[0] != version:
@@ -252,3 +342,18 @@ def _routing_row_shape(turn: TurnOutput) -> tuple[int, ...] | None:
 def _seed(run_seed: int, rollout_id: str, turn: int) -> int:
     digest = hashlib.blake2b(f"{run_seed}/{rollout_id}/{turn}".encode(), digest_size=4)
     return int.from_bytes(digest.digest(), "little")
+
+
+def _disagreement(driven: Driven, run: RolloutRun) -> str | None:
+    """Why the environment's record of the turns is not what the daemon sampled (None:
+    it is): the sample is built from the daemon's turns, never from the environment's."""
+    sampled = [tuple(turn.completion_ids.tolist()) for _, turn in run.turns]
+    recorded = [tuple(completion) for completion in driven.completions]
+    if not sampled:
+        return "the environment never called the model"
+    if recorded != sampled:
+        return (
+            f"the environment recorded {len(recorded)} completions that differ from the "
+            f"{len(sampled)} turns the daemon sampled"
+        )
+    return None

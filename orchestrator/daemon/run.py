@@ -196,6 +196,7 @@ async def _start_services(services: Services, start: StartPoint, nursery: trio.N
     if start.resumed:
         await _resume(services, start.resume_step)
     await services.progress.save()
+    services.desk.attach(nursery)
     if services.collection_times is not None:
         await start_metrics(
             config.metrics.listen,

@@ -29,6 +29,7 @@ from orchestrator.daemon.evaluation import Evaluator
 from orchestrator.daemon.inference.credentials import BearerToken
 from orchestrator.daemon.inference.http11 import HTTP11Client
 from orchestrator.daemon.inference.http_clients import Clients, open_clients
+from orchestrator.daemon.inference.model_endpoint import ModelDesk
 from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.metrics import CollectionTimes
 from orchestrator.daemon.payload_files.disk import PayloadDeleter
@@ -85,6 +86,8 @@ class Services:
     evaluator: Evaluator | None
     # Given when metrics are on: the policy watcher records each collection's duration.
     collection_times: CollectionTimes | None
+    # Where environments that drive their own turns call the model (served on first use).
+    desk: ModelDesk
 
 
 @asynccontextmanager
@@ -124,16 +127,14 @@ def build_services(
         config, inputs.handoff, state, sink, deleter, admission, figures, progress, lines
     )
     pool = ServerPool.of(inputs.servers, on_change=state.notify)
-    collection_times = CollectionTimes() if config.metrics.listen else None
-    policy = PolicyWatcher(
-        config, state, clients.control, pool, sweeper.sweep, limiter, collection_times
-    )
-    dispatcher = Dispatcher(
-        config, state, inputs.environment, clients.generate, admission.admit, sink, limiter, pool
-    )
+    times = CollectionTimes() if config.metrics.listen else None
+    policy = PolicyWatcher(config, state, clients.control, pool, sweeper.sweep, limiter, times)
+    desk = ModelDesk(config.inference.model, config.batch.max_seq_len)
+    env, generate, admit = inputs.environment, clients.generate, admission.admit
+    dispatcher = Dispatcher(config, state, env, generate, admit, sink, limiter, pool, desk)
     evaluator = None
     if inputs.evals:
-        evaluator = Evaluator(config, state, inputs.evals, clients.generate, pool, lines, resumed)
+        evaluator = Evaluator(config, state, inputs.evals, generate, pool, lines, resumed, desk)
     return Services(
         config,
         inputs,
@@ -151,7 +152,8 @@ def build_services(
         policy,
         dispatcher,
         evaluator,
-        collection_times,
+        times,
+        desk,
     )
 
 

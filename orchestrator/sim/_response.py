@@ -1,6 +1,6 @@
 """The simulated server's reply envelope, the same in every reply form: vLLM's
-`GenerateResponse` around the choices, vLLM's `ErrorResponse`, and the `bad_segment`
-fault on a wire segment.
+`GenerateResponse` around the choices, vLLM's `ErrorResponse` (`orchestrator.wire.errors`),
+and the `bad_segment` fault on a wire segment.
 
 Pure functions to JSON-ready dicts (docs/protocol.md). The choices themselves are the
 reply form's (`orchestrator.sim.reply_forms`).
@@ -15,35 +15,12 @@ from typing import Any
 __all__ = [
     "TRAVERSAL_FILE_NAME",
     "corrupt_segment",
-    "error_body",
-    "error_type",
     "render_response",
 ]
 
 # What a `bad_segment` fault appends to the payload directory in `file`: a path that
 # escapes it (`<payload_dir>/../../etc/x.bin`).
 TRAVERSAL_FILE_NAME = "../../etc/x.bin"
-
-
-def error_type(status: int) -> str:
-    """vLLM's error type for an HTTP status."""
-    if status == 404:
-        return "NotFoundError"
-    if status >= 500:
-        return "InternalServerError"
-    return "BadRequestError"
-
-
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """vLLM's `ErrorResponse`: `{"error": {"message", "type", "param", "code"}}`."""
-    return {
-        "error": {
-            "message": " ".join(message.split()),
-            "type": error_type(status),
-            "param": None,
-            "code": status,
-        }
-    }
 
 
 def corrupt_segment(

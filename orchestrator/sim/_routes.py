@@ -8,9 +8,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Awaitable, Callable, Mapping
 
-from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH, VERSION_PATH
-
-from ._asgi import (
+from orchestrator.asgi_server import (
     BodyTooLarge,
     ClientGone,
     Receive,
@@ -20,7 +18,8 @@ from ._asgi import (
     send_json,
     serve_lifespan,
 )
-from ._response import error_body
+from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH, VERSION_PATH
+from orchestrator.wire.errors import error_body
 
 # 8,000 prompt tokens are ~50 kB of JSON; anything near this is a client bug.
 MAX_BODY_BYTES = 64 * 2**20

@@ -42,19 +42,20 @@ import numpy as np
 import structlog
 import trio
 
-from orchestrator.asgi_server import serve_asgi
-from orchestrator.payload import write_payload
-from orchestrator.wire import VLLM_DEV_PATHS
-from orchestrator.wire.segments import segment_to_wire
-
-from ._asgi import (
+from orchestrator.asgi_server import (
     Receive,
     Scope,
     Send,
     send_bytes,
     send_json,
+    serve_asgi,
     wait_for_disconnect,
 )
+from orchestrator.payload import write_payload
+from orchestrator.wire import VLLM_DEV_PATHS
+from orchestrator.wire.errors import error_body
+from orchestrator.wire.segments import segment_to_wire
+
 from ._faults import Fault, draw_fault
 from ._model import Generation, SimModel, generate, prefix_hashes
 from ._pd import (
@@ -65,7 +66,7 @@ from ._pd import (
     pad_rows,
     prefill_kv_transfer_params,
 )
-from ._response import corrupt_segment, error_body, render_response
+from ._response import corrupt_segment, render_response
 from ._routes import Handler, request_body, route_request, send_error
 from ._server_config import DEFAULT_SERVED_MODEL_NAME, SimInferenceConfig
 from ._wire import (

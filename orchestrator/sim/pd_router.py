@@ -30,20 +30,20 @@ import httpx
 import msgspec
 import trio
 
-from orchestrator.asgi_server import serve_asgi
-from orchestrator.httpx_body import request_bytes
-from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH, VLLM_DEV_PATHS
-
-from ._asgi import (
+from orchestrator.asgi_server import (
     Receive,
     Scope,
     Send,
     send_bytes,
     send_json,
+    serve_asgi,
     wait_for_disconnect,
 )
+from orchestrator.httpx_body import request_bytes
+from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH, VLLM_DEV_PATHS
+from orchestrator.wire.errors import error_body
+
 from ._pd import PDMergeError, decode_request, merge_choices, prefill_request
-from ._response import error_body
 from ._routes import request_body, route_request
 
 __all__ = ["PDRouterConfig", "serve_pd_router"]

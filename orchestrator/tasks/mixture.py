@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from orchestrator.core.environments import Environment, Episode, Prompt
+from orchestrator.core.environments import DrivenEpisode, Environment, Episode, Prompt
 
 #: Prompt indices per block of environment choices.
 BLOCK = 1 << 16
@@ -82,7 +82,7 @@ class EnvironmentMixture:
         env, position = self.choice(index)
         return await self.environments[env].prompt(position)
 
-    def episode(self, prompt: Prompt) -> Episode:
+    def episode(self, prompt: Prompt) -> Episode | DrivenEpisode:
         """An episode of the environment `prompt` came from."""
         try:
             environment = self._by_name[prompt.env]

@@ -2,6 +2,7 @@
 segment forms of a reply, and the parsed reply. The daemon's client and the local fleet
 both build on it (docs/protocol.md)."""
 
+from orchestrator.wire.errors import error_body
 from orchestrator.wire.generate import (
     REQUEST_KEYS,
     SAMPLING_KEYS,
@@ -43,6 +44,7 @@ __all__ = [
     "WeightUpdate",
     "WeightUpdatePlan",
     "build_generate_request",
+    "error_body",
     "moe_reload_refusal",
     "parse_generate_response",
     "refusal_hint",

@@ -17,8 +17,8 @@ import attrs
 import httpx
 import trio
 
+from orchestrator.asgi_server import Receive, Scope, Send, read_body, send_bytes, serve_lifespan
 from orchestrator.httpx_body import request_bytes
-from orchestrator.sim._asgi import Receive, Scope, Send, read_body, send_bytes, serve_lifespan
 from orchestrator.wire import GENERATE_PATH
 
 

@@ -34,6 +34,7 @@ FAILURE_KINDS = (
     "stitching",
     "routing_gap",
     "environment",
+    "trajectory_mismatch",
 )
 DISCARD_REASONS = tuple(reason.value for reason in Discard)
 DELETION_PATHS = ("discard", "sweep", "collection", "wipe")
