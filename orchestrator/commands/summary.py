@@ -142,6 +142,7 @@ def summary_data(
                 "shipped": env.shipped,
                 "discards": dict(env.discards),
                 "prompts_skipped": env.prompts_skipped,
+                "metrics": {name: round(mean, 4) for name, mean in sorted(env.metrics.items())},
             }
             for name, env in totals.envs.items()
         },
@@ -186,9 +187,11 @@ def render_summary(data: dict[str, Any]) -> str:
     for name, env in data.get("envs", {}).items():
         mean = "n/a" if env["mean_reward"] is None else f"{env['mean_reward']:.3f}"
         skipped = f", {env['prompts_skipped']} prompts skipped" if env["prompts_skipped"] else ""
+        metrics = ", ".join(f"{k} {v:.3g}" for k, v in env.get("metrics", {}).items())
         lines.append(
             f"env {name or '(unnamed)':<10} mean reward {mean} over {env['scored']} rollouts, "
             f"{env['shipped']} samples shipped; discards {pairs(env['discards'])}{skipped}"
+            + (f"; metrics (means) {metrics}" if metrics else "")
         )
     evals = data.get("evals")
     if evals:

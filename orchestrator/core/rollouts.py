@@ -87,6 +87,9 @@ class RolloutResult:
     files: frozenset[str] = frozenset()
     failed: str | None = None
     failure: Discard = Discard.FAILED
+    # What its environment measured besides the reward (an environment that drives its
+    # own turns reports them: a verifiers rubric's metrics), by name.
+    metrics: Mapping[str, float] = attrs.field(factory=dict)
 
 
 @attrs.frozen

@@ -178,6 +178,14 @@ class EnvTally:
     reward_sum: float = 0.0
     discards: Counter[str] = attrs.field(factory=Counter)
     shipped: int = 0
+    # The environment's own metrics of the scored rollouts: sums, and how many reported
+    # each (a metric one rollout lacks is not counted as 0 for it).
+    metric_sums: dict[str, float] = attrs.field(factory=dict)
+    metric_counts: Counter[str] = attrs.field(factory=Counter)
+
+    def metric_means(self) -> dict[str, float]:
+        """Each metric's mean over the rollouts that reported it, by name."""
+        return {name: total / self.metric_counts[name] for name, total in self.metric_sums.items()}
 
     @property
     def mean_reward(self) -> float | None:
@@ -285,6 +293,9 @@ class TrainSink:
             if rollout.failed is None:
                 tally.scored += 1
                 tally.reward_sum += rollout.reward
+                for name, value in rollout.metrics.items():
+                    tally.metric_sums[name] = tally.metric_sums.get(name, 0.0) + value
+                    tally.metric_counts[name] += 1
         for reason, count in verdict.discards.items():
             self._counters[reason] += count
             if count:

@@ -169,5 +169,10 @@ class RolloutFinisher:
             )
         dispatch.rollouts["poisoned" if poisoned else "completed"] += 1
         return RolloutResult(
-            run.rollout_id, run.version, reward=reward, samples=(sample,), files=files
+            run.rollout_id,
+            run.version,
+            reward=reward,
+            samples=(sample,),
+            files=files,
+            metrics=run.metrics,
         )

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -51,6 +53,8 @@ class RolloutRun:
     server: str = ""  # the inference server it ran on
     # Its conversation with the environment (the members of a group diverge).
     episode: Episode | DrivenEpisode | None = None
+    # What an environment that drives its turns measured besides the reward.
+    metrics: Mapping[str, float] = attrs.field(factory=dict)
 
     def fail(self, kind: str, detail: str) -> RolloutRun:
         self.failed, self.failure_kind = detail, kind
@@ -184,6 +188,7 @@ class RolloutRunner:
             kind = "environment" if driven.error else "trajectory_mismatch"
             self.rejections.record(kind, run.server, problem, rollout=run.rollout_id)
             return run.fail(kind, problem)
+        run.metrics = _finite(driven.metrics)
         return run
 
     async def _driven_turn(
@@ -342,6 +347,15 @@ def _routing_row_shape(turn: TurnOutput) -> tuple[int, ...] | None:
 def _seed(run_seed: int, rollout_id: str, turn: int) -> int:
     digest = hashlib.blake2b(f"{run_seed}/{rollout_id}/{turn}".encode(), digest_size=4)
     return int.from_bytes(digest.digest(), "little")
+
+
+def _finite(metrics: Mapping[str, object]) -> dict[str, float]:
+    """The metrics that are finite numbers (the environment is user code)."""
+    return {
+        str(name): float(value)
+        for name, value in metrics.items()
+        if isinstance(value, int | float) and math.isfinite(value)
+    }
 
 
 def _disagreement(driven: Driven, run: RolloutRun) -> str | None:

@@ -27,6 +27,8 @@ class EnvTotals:
     shipped: int
     discards: Mapping[str, int]
     prompts_skipped: int
+    # The environment's own metrics (a verifiers rubric's), mean by name.
+    metrics: Mapping[str, float] = attrs.field(factory=dict)
 
     @property
     def mean_reward(self) -> float | None:
@@ -89,5 +91,10 @@ def _env_totals(tally: EnvTally | None, prompts_skipped: int) -> EnvTotals:
     if tally is None:
         return EnvTotals(0, 0.0, 0, {}, prompts_skipped)
     return EnvTotals(
-        tally.scored, tally.reward_sum, tally.shipped, dict(tally.discards), prompts_skipped
+        tally.scored,
+        tally.reward_sum,
+        tally.shipped,
+        dict(tally.discards),
+        prompts_skipped,
+        tally.metric_means(),
     )

@@ -210,6 +210,7 @@ FAMILIES = {
     "orchestrator_env_samples_shipped_total": "counter",
     "orchestrator_env_discards_total": "counter",
     "orchestrator_env_prompts_skipped_total": "counter",
+    "orchestrator_env_metric_mean": "gauge",
     "orchestrator_collection_duration_seconds": "histogram",
     "orchestrator_collection_last_duration_seconds": "gauge",
     "orchestrator_event_loop_lag_seconds": "histogram",

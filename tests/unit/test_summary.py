@@ -19,7 +19,7 @@ from orchestrator.commands.summary import (
 from orchestrator.core.sink import SinkLimits, TrainSink
 from orchestrator.core.staleness import Staleness
 from orchestrator.daemon.run_state import RunState, Shipping
-from orchestrator.daemon.run_totals import RunTotals, run_totals
+from orchestrator.daemon.run_totals import EnvTotals, RunTotals, run_totals
 from orchestrator.handoff import NATIVE_FORMAT, HandoffSettings, publish_batch
 
 
@@ -105,3 +105,12 @@ def test_a_payload_root_payload_gc_refuses_is_not_checked(tmp_path: Path) -> Non
     assert "is a symbolic link" in collected.detail
     paths["payload_root"].unlink()
     assert check_invariants(**paths, last_step=1, bound=2)[2].held is True
+
+
+def test_an_environments_own_metrics_are_summarized_as_means() -> None:
+    state = RunState(Staleness(2, 1), Shipping(3))
+    env = EnvTotals(4, 2.0, 4, {}, 0, {"turns": 2.0, "tool_calls": 0.5})
+    totals = attrs.evolve(totals_of(state), envs={"tools": env})
+    data = summary_data(totals, [], duration_s=1.0, first_step=1)
+    assert data["envs"]["tools"]["metrics"] == {"tool_calls": 0.5, "turns": 2.0}
+    assert "metrics (means) tool_calls 0.5, turns 2" in render_summary(data)

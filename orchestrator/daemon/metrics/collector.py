@@ -248,7 +248,15 @@ def _by_env(p: str, totals: RunTotals) -> Iterator[Metric]:
         "Prompts an environment skipped (a dataset row over the prompt budget), by environment.",
         labels=["env"],
     )
+    metric_means = GaugeMetricFamily(
+        f"{p}env_metric_mean",
+        "The environment's own metrics (a verifiers rubric's), mean over its scored "
+        "rollouts, by environment and metric.",
+        labels=["env", "metric"],
+    )
     for env, env_totals in totals.envs.items():
+        for name, mean in sorted(env_totals.metrics.items()):
+            metric_means.add_metric([env, name], mean)
         scored.add_metric([env], env_totals.scored)
         rewards.add_metric([env], env_totals.reward_sum)
         shipped.add_metric([env], env_totals.shipped)
@@ -256,7 +264,7 @@ def _by_env(p: str, totals: RunTotals) -> Iterator[Metric]:
             discards.add_metric([env, reason], count)
         if env_totals.prompts_skipped:
             skipped.add_metric([env], env_totals.prompts_skipped)
-    yield from (scored, rewards, shipped, discards, skipped)
+    yield from (scored, rewards, shipped, discards, skipped, metric_means)
 
 
 def metrics_registry(
