@@ -22,16 +22,22 @@ class Sweeper:
     async def sweep(self) -> None:
         """Drop queued groups that can no longer ship, stop in-flight ones, free files."""
         state, sink = self.state, self.sink
+        swept = sink.counters["swept"]
         files = sink.drop_stale(state.shipping.next_step)
         step = state.shipping.next_step
+        stopped = 0
         for group in list(state.dispatch.groups.values()):
-            if not state.staleness.is_fresh(group.start_version, step):
+            if not state.staleness.is_fresh(group.start_version, step) and not group.stop.is_set():
                 group.stop.set()
+                stopped += 1
         bound = state.versions.collected_below
         if bound is not None:
             sink.forget_versions_below(bound)
         await self.deleter.delete(files, reason="sweep")
-        await self.progress.save()
+        if files or stopped or sink.counters["swept"] != swept:
+            # What `orchestrator status` shows changed; a sweep that changed nothing (most,
+            # in a steady run) leaves progress.json to the next shipped batch.
+            await self.progress.save()
         state.notify()
 
     async def drop_everything_queued(self) -> None:
