@@ -170,17 +170,14 @@ class RolloutRunner:
         must be what was sampled (docs/design.md § Environments that drive their turns)."""
         if self.desk is None:
             return run.fail("environment", "this runner has no model endpoint for driven envs")
-        base_url = await self.desk.url()
-        with self.desk.rollout(
-            base_url, functools.partial(self._driven_turn, run, sampling, stop)
-        ) as (
-            model_url,
-            calls,
+        run_turn = functools.partial(self._driven_turn, run, sampling, stop)
+        async with (
+            self.desk.rollout(run_turn) as (model_url, calls),
+            trio.open_nursery() as nursery,
         ):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(calls.serve)
-                driven = await episode.drive(model_url)
-                nursery.cancel_scope.cancel()
+            nursery.start_soon(calls.serve)
+            driven = await episode.drive(model_url)
+            nursery.cancel_scope.cancel()
         if run.failed is not None:
             return run
         problem = driven.error or _disagreement(driven, run)

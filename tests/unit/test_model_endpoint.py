@@ -38,7 +38,7 @@ async def served(
     async with trio.open_nursery() as nursery:
         desk.attach(nursery)
         base = await desk.url()
-        with desk.rollout(base, run_turn) as (model_url, calls):
+        async with desk.rollout(run_turn) as (model_url, calls):
             nursery.start_soon(calls.serve)
             async with httpx.AsyncClient(base_url=model_url, timeout=10) as client:
                 yield desk, base, client
@@ -93,9 +93,8 @@ async def test_a_call_cut_off_by_the_end_of_its_rollout_is_answered_503() -> Non
     answered = trio.Event()
     async with trio.open_nursery() as nursery:
         desk.attach(nursery)
-        base = await desk.url()
         async with httpx.AsyncClient(timeout=10) as client:
-            with desk.rollout(base, hang) as (model_url, calls):
+            async with desk.rollout(hang) as (model_url, calls):
                 url = f"{model_url}{GENERATE}"
 
                 async def call() -> None:

@@ -24,8 +24,8 @@ from __future__ import annotations
 import functools
 import json
 import secrets
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -121,11 +121,12 @@ class ModelDesk:
                 log.info("model endpoint for driven environments", url=self._url)
             return self._url
 
-    @contextmanager
-    def rollout(self, base_url: str, run_turn: TurnRunner) -> Iterator[tuple[str, _Calls]]:
+    @asynccontextmanager
+    async def rollout(self, run_turn: TurnRunner) -> AsyncIterator[tuple[str, _Calls]]:
         """Open a key for one rollout: its URL, and the calls that arrive there, which
         the rollout runs one at a time (`_Calls.serve`) in its own task. Closing the key
         refuses what is still queued (404 for later calls)."""
+        base_url = await self.url()
         key = secrets.token_urlsafe(16)
         send, receive = trio.open_memory_channel[_Pending](0)
         self._rollouts[key] = send
