@@ -5,7 +5,7 @@ export UV_PYTHON_DOWNLOADS := never
 UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 RUN := $(UV) run --frozen --python python3
 
-.PHONY: setup demo demo-pd demo-vllm demo-learn test test-quick test-netmount test-vllm test-trainer test-browser test-extras lint bench
+.PHONY: setup demo demo-pd demo-verifiers demo-vllm demo-learn test test-quick test-netmount test-vllm test-trainer test-browser test-extras lint bench
 
 # Bytecode is compiled at install (the packages, then the project's own sources, which
 # `uv sync` installs editable and never compiles): where the environment sets
@@ -29,6 +29,13 @@ demo: setup
 demo-pd: setup
 	rm -rf run/pd
 	$(RUN) orchestrator run --config configs/pd.toml
+
+# An environment written for verifiers, run unmodified (configs/verifiers.toml: the demo's
+# arithmetic taskset, demo/verifiers_envs/vf_arith), against the local fleet: the
+# environment drives its own turns through the daemon's loopback model endpoint. About 90 s.
+demo-verifiers: setup
+	rm -rf run/verifiers
+	PYTHONPATH=demo/verifiers_envs $(RUN) orchestrator run --config configs/verifiers.toml
 
 # lint-imports: the layers of docs/design.md §2 (the contracts in pyproject.toml).
 lint: setup

@@ -339,10 +339,28 @@ def _env_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
 _ENV_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
+def _optional_plugin_id(
+    _: object, attribute: attrs.Attribute[str | None], value: str | None
+) -> None:
+    if value is not None and not _PLUGIN_ID.fullmatch(value):
+        raise InvalidValue(
+            "must be a verifiers environment's id: the name of an installed package "
+            '("my-env", or a hub id "owner/my-env@0.1")',
+            value=value,
+            key=attribute.name,
+        )
+
+
+# verifiers' plugin ids: a package name, or a hub id `owner/name[@version]`.
+_PLUGIN_ID = re.compile(r"(?:[A-Za-z0-9_.-]+/)?[A-Za-z0-9_.-]+(?:@[A-Za-z0-9_.+!-]+)?")
+
+
 @attrs.frozen
 class EnvConfig:
     """One environment of real tasks (`[[env]]`): a dataset of prompts with reward
-    functions, or a plugin built by a factory (docs/design.md § Real tasks)."""
+    functions, a plugin built by a factory (docs/design.md § Real tasks), or an
+    environment written for verifiers, run in a worker process of its own
+    (docs/operations.md § "Verifiers environments")."""
 
     name: str = attrs.field(validator=_env_name)
     # A .jsonl file, a .parquet file, or a folder written by `datasets` (save_to_disk).
@@ -368,15 +386,26 @@ class EnvConfig:
     factory: str | None = None
     args: dict[str, Any] = attrs.field(factory=dict)
     max_turns: int = attrs.field(default=1, validator=at_least(1))
+    # A verifiers environment: its taskset's (or environment's) id, an installed package;
+    # `args` is then verifiers' own env config (`{taskset = {...}, agent = {...}}`).
+    verifiers: str | None = attrs.field(default=None, validator=_optional_plugin_id)
+    # A verifiers environment's renderer (renderers' RendererConfig as a table, e.g.
+    # {name = "qwen3"}); empty: the tokenizer's own chat template, with
+    # `model.chat_template_kwargs` (no tool-call parsing).
+    renderer: dict[str, Any] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
-        if (self.dataset is None) == (self.factory is None):
+        sources = [self.dataset, self.factory, self.verifiers]
+        if sum(source is not None for source in sources) != 1:
             raise InvalidValue(
-                "needs exactly one of dataset (prompts from a dataset, scored by rewards) "
-                "and factory (a plugin environment)",
+                "needs exactly one of dataset (prompts from a dataset, scored by rewards), "
+                "factory (a plugin environment) and verifiers (an environment written for "
+                "verifiers)",
                 value=self.name,
                 key="name",
             )
+        if self.verifiers is not None:
+            self._check_verifiers()
         if self.dataset is not None and (self.prompt is None) == (self.messages is None):
             raise InvalidValue(
                 "needs exactly one of prompt (a column of user messages as text) and "
@@ -397,9 +426,38 @@ class EnvConfig:
                 value=list(self.reward_weights),
                 key="reward_weights",
             )
-        if self.args and self.factory is None:
+        if self.args and self.factory is None and self.verifiers is None:
             raise InvalidValue(
-                "are the factory's arguments: set factory too", value=self.args, key="args"
+                "are the factory's arguments (or a verifiers environment's config): set "
+                "factory or verifiers too",
+                value=self.args,
+                key="args",
+            )
+        if self.renderer and self.verifiers is None:
+            raise InvalidValue(
+                "is a verifiers environment's renderer: set verifiers too",
+                value=self.renderer,
+                key="renderer",
+            )
+
+    def _check_verifiers(self) -> None:
+        """A verifiers environment has its own tasks and rewards: the dataset's keys and
+        reward functions do not apply."""
+        for key in ("prompt", "messages", "system_prompt", "answer"):
+            value = getattr(self, key)
+            if value is not None:
+                raise InvalidValue(
+                    "is a dataset column: a verifiers environment has its own tasks",
+                    value=value,
+                    key=key,
+                )
+        if self.rewards or self.reward_weights:
+            key = "rewards" if self.rewards else "reward_weights"
+            raise InvalidValue(
+                "does not apply: a verifiers environment scores its own episodes (its "
+                "@vf.reward functions)",
+                value=list(getattr(self, key)),
+                key=key,
             )
 
     @property
@@ -813,7 +871,8 @@ def _check_envs(config: Config) -> None:
                 key="model.tokenizer",
             )
         for index, env in enumerate(envs):
-            if env.dataset is not None and env.max_tokens >= config.batch.max_seq_len:
+            renders = env.dataset is not None or env.verifiers is not None
+            if renders and env.max_tokens >= config.batch.max_seq_len:
                 raise InvalidValue(
                     f"must be below batch.max_seq_len ({config.batch.max_seq_len}): the "
                     "prompt needs room too",

@@ -195,10 +195,10 @@ class RolloutRunner:
         call it will not run (the rollout fails with the first reason)."""
         turn_index = len(run.turns)
         if run.failed is not None:
-            raise CallRefused(409, f"the rollout has failed already: {run.failed}")
+            raise CallRefused(410, f"the rollout has failed already: {run.failed}")
         if stop.is_set():
             run.fail("stopped", "stopped: the group can no longer ship")
-            raise CallRefused(503, "stopped: the group can no longer ship")
+            raise CallRefused(410, "stopped: the group can no longer ship")
         if turn_index >= sampling.max_turns:
             raise CallRefused(
                 400, f"the rollout has had its {sampling.max_turns} turns (max_turns)"
@@ -229,7 +229,7 @@ class RolloutRunner:
             turn = await self._turn(run, turn_index, turn_sampling, routing_start, stop)
         except InferenceFailure as failure:
             run.fail(failure.kind, str(failure))
-            raise CallRefused(502, f"the inference server failed: {failure}") from None
+            raise CallRefused(410, f"the inference server failed: {failure}") from None
         run.turns.append((len(run.tokens), turn))
         run.tokens = np.concatenate([run.tokens, turn.completion_ids])
         return turn

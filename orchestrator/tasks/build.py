@@ -7,8 +7,11 @@ Each problem is one `UserError` line naming the key; `orchestrator check-config`
 `orchestrator run` (before the payload root is wiped) both call it. `open_tasks` then
 opens the reward pool and hands out what the daemon runs: the environment it trains on
 (the one `[[env]]`, or their mixture by `ratio`) and the eval tasks. An env is a dataset
-scored by reward functions (`dataset_env.py`) or a plugin built by its factory
-(`plugin_env.py`).
+scored by reward functions (`dataset_env.py`), a plugin built by its factory
+(`plugin_env.py`), or an environment written for verifiers, served by a worker process
+(`verifiers_env/`): `load_tasks` only checks that verifiers is installed (its import takes
+seconds, and it never runs in the daemon); `check_tasks` and `open_tasks` start its worker,
+which loads it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,12 @@ from orchestrator.tasks.plugin_env import PluginEnvironment
 from orchestrator.tasks.ray_rewards import import_ray, open_ray_reward_pool
 from orchestrator.tasks.reward_functions import RewardSpec, import_callable, load_reward
 from orchestrator.tasks.reward_pool import RewardExecutor, open_reward_pool
+from orchestrator.tasks.verifiers_env.environment import (
+    VerifiersEnvironment,
+    WorkerSpec,
+    open_verifiers_environments,
+)
+from orchestrator.tasks.verifiers_env.protocol import INSTALL_LINE, verifiers_installed
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -101,6 +110,11 @@ def load_tasks(config: Config) -> LoadedTasks:
 def _load_env(key: str, env: EnvConfig) -> LoadedEnv:
     if env.factory is not None:
         return _load_plugin(key, env, env.factory)
+    if env.verifiers is not None:
+        # Loaded by its worker (`check_tasks`, `open_tasks`); here only what it needs.
+        if not verifiers_installed():
+            raise UserError(f"{key}.verifiers: verifiers is not installed: {INSTALL_LINE}")
+        return LoadedEnv(env, ())
     assert env.dataset is not None
     dataset = _keyed(f"{key}.dataset", open_dataset, env.dataset)
     try:
@@ -160,9 +174,80 @@ def _keyed(key: str, load: Callable[P, T], *args: P.args, **kwargs: P.kwargs) ->
 
 
 def check_tasks(config: Config) -> None:
-    """`load_tasks` and close again: the start-up check of `check-config`."""
+    """`load_tasks` and close again, and every verifiers environment loaded by its worker
+    and stopped: the start-up check of `check-config`. Not from inside a trio run."""
     if config.env or config.eval.env:
         load_tasks(config).close()
+        if any(env.verifiers is not None for env in (*config.env, *config.eval.env)):
+            trio.run(_check_verifiers, config)
+
+
+async def _check_verifiers(config: Config) -> None:
+    """Start every verifiers environment's worker, wait for its `hello`, stop it."""
+    keyed = _verifiers_environments(config)
+    for environment in keyed.values():
+        environment.relay_log = False  # its one line is the check's answer
+    async with open_verifiers_environments(list(keyed.values())):
+        for key, environment in keyed.items():
+            if key.startswith("eval."):
+                _verifiers_eval_examples(config, key, environment)
+
+
+def _verifiers_environments(
+    config: Config, stop_token_ids: tuple[int, ...] = ()
+) -> dict[str, VerifiersEnvironment]:
+    """A `VerifiersEnvironment` (not started) for each `[[env]]` and `[[eval.env]]` with
+    `verifiers`, by its config key (`env[0]`, `eval.env[1]`)."""
+    environments: dict[str, VerifiersEnvironment] = {}
+    for section, envs in (("env", config.env), ("eval.env", config.eval.env)):
+        for index, env in enumerate(envs):
+            if env.verifiers is not None:
+                key = f"{section}[{index}]"
+                environments[key] = _verifiers_environment(config, env, key, stop_token_ids)
+    return environments
+
+
+def _verifiers_environment(
+    config: Config, env: EnvConfig, key: str, stop_token_ids: tuple[int, ...]
+) -> VerifiersEnvironment:
+    assert env.verifiers is not None and config.model.tokenizer is not None
+    spec = WorkerSpec(
+        name=env.name,
+        verifiers=env.verifiers,
+        tokenizer=config.model.tokenizer,
+        args=env.args,
+        max_turns=env.max_turns,
+        renderer=env.renderer,
+        chat_template_kwargs=config.model.chat_template_kwargs,
+    )
+    sampling = Sampling(
+        max_tokens=env.max_tokens,
+        temperature=env.temperature,
+        top_p=env.top_p,
+        top_k=env.top_k,
+        stop_token_ids=stop_token_ids,
+        max_turns=env.max_turns,
+    )
+    # The model's name as the daemon's endpoint gives it (`GET /v1/models`), so that
+    # verifiers reads its context length there.
+    return VerifiersEnvironment(
+        spec, sampling, model=config.inference.model, seed=config.seed, key=f"{key}.verifiers"
+    )
+
+
+def _verifiers_eval_examples(config: Config, key: str, environment: VerifiersEnvironment) -> int:
+    """The prompts of each eval of a verifiers env: `eval.num_examples`, at most its
+    tasks; an infinite taskset needs the count set."""
+    wanted = config.eval.num_examples
+    count = environment.tasks
+    if count is None:
+        if wanted < 1:
+            raise UserError(
+                f"eval.num_examples = {wanted} must be set (at least 1) for {key} "
+                f"{environment.name!r}: its verifiers taskset is infinite"
+            )
+        return wanted
+    return count if wanted < 0 else max(1, min(wanted, count))
 
 
 @attrs.frozen
@@ -185,9 +270,14 @@ async def open_tasks(config: Config) -> AsyncIterator[Tasks]:
     tasks = await trio.to_thread.run_sync(load_tasks, config)
     try:
         specs = [spec for env in (*tasks.envs, *tasks.evals) for spec in env.rewards]
-        async with open_rewards(config, specs) as pool:
+        driven = _verifiers_environments(config, tasks.tokenizer.stop_token_ids)
+        async with (
+            open_rewards(config, specs) as pool,
+            open_verifiers_environments(list(driven.values())),
+        ):
             environments = [
-                _environment(config, loaded, tasks.tokenizer, pool) for loaded in tasks.envs
+                _environment(config, loaded, tasks.tokenizer, pool, driven.get(f"env[{index}]"))
+                for index, loaded in enumerate(tasks.envs)
             ]
             environment: Environment | None = None
             if len(environments) == 1:
@@ -199,10 +289,12 @@ async def open_tasks(config: Config) -> AsyncIterator[Tasks]:
             evals = tuple(
                 EvalTask(
                     loaded.config.name,
-                    _environment(config, loaded, tasks.tokenizer, pool),
-                    _eval_examples(config, loaded),
+                    _environment(
+                        config, loaded, tasks.tokenizer, pool, driven.get(f"eval.env[{index}]")
+                    ),
+                    _eval_examples(config, loaded, driven.get(f"eval.env[{index}]"), index),
                 )
-                for loaded in tasks.evals
+                for index, loaded in enumerate(tasks.evals)
             )
             yield Tasks(environment, evals, pool.start_workers)
     finally:
@@ -226,8 +318,16 @@ def open_rewards(
     return open_reward_pool(workers, rewards.timeout_s, preload=specs)
 
 
-def _eval_examples(config: Config, loaded: LoadedEnv) -> int:
-    """The prompts of each eval of `loaded`: `eval.num_examples`, at most its rows."""
+def _eval_examples(
+    config: Config,
+    loaded: LoadedEnv,
+    verifiers: VerifiersEnvironment | None = None,
+    index: int = 0,
+) -> int:
+    """The prompts of each eval of `loaded`: `eval.num_examples`, at most its rows (or
+    a verifiers env's tasks)."""
+    if verifiers is not None:
+        return _verifiers_eval_examples(config, f"eval.env[{index}]", verifiers)
     wanted = config.eval.num_examples
     if loaded.dataset is None:
         return wanted  # a plugin: the config requires a count
@@ -236,9 +336,15 @@ def _eval_examples(config: Config, loaded: LoadedEnv) -> int:
 
 
 def _environment(
-    config: Config, loaded: LoadedEnv, tokenizer: ChatTokenizer, pool: RewardExecutor
+    config: Config,
+    loaded: LoadedEnv,
+    tokenizer: ChatTokenizer,
+    pool: RewardExecutor,
+    verifiers: VerifiersEnvironment | None = None,
 ) -> Environment:
     env = loaded.config
+    if verifiers is not None:
+        return verifiers
     budget = config.batch.max_seq_len - env.max_tokens
     if loaded.plugin is not None:
         return PluginEnvironment(

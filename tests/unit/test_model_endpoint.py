@@ -80,7 +80,7 @@ async def test_what_is_not_run_is_answered_with_the_reason() -> None:
     assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "NotFoundError"
 
 
-async def test_a_call_cut_off_by_the_end_of_its_rollout_is_answered_503() -> None:
+async def test_a_call_cut_off_by_the_end_of_its_rollout_is_answered_410() -> None:
     started = trio.Event()
 
     async def hang(call: GenerateCall) -> TurnOutput:
@@ -108,7 +108,7 @@ async def test_a_call_cut_off_by_the_end_of_its_rollout_is_answered_503() -> Non
                     rollout.cancel_scope.cancel()  # the rollout ends mid-call
             await answered.wait()
         nursery.cancel_scope.cancel()
-    assert answers[0].status_code == 503
+    assert answers[0].status_code == 410
 
 
 @pytest.mark.parametrize(

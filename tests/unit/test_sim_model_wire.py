@@ -19,12 +19,7 @@ from orchestrator.sim import (
     sample_completion,
 )
 from orchestrator.sim._faults import draw_fault
-from orchestrator.sim._response import (
-    TRAVERSAL_FILE_NAME,
-    corrupt_segment,
-    error_body,
-    render_response,
-)
+from orchestrator.sim._response import TRAVERSAL_FILE_NAME, corrupt_segment, render_response
 from orchestrator.sim._wire import (
     GENERATE_REQUEST_KEYS,
     BadRequest,
@@ -34,7 +29,7 @@ from orchestrator.sim._wire import (
 )
 from orchestrator.sim.reply_forms.primerl import PRIME_RL, PrimeRLByHandle, narrow_routing
 from orchestrator.sim.reply_forms.upstream import UPSTREAM
-from orchestrator.wire import REQUEST_KEYS, SAMPLING_KEYS, parse_generate_response
+from orchestrator.wire import REQUEST_KEYS, SAMPLING_KEYS, error_body, parse_generate_response
 
 MODEL = SimModel()
 

@@ -13,8 +13,10 @@ tokens sampled and their logprobs, as vLLM would.
 
 The key is 16 random bytes per rollout: another process on the machine cannot call into
 a rollout it was not given. A call for a key no rollout holds (it ended) is answered 404;
-one the rollout refuses (too many turns, a conversation that does not extend the last
-turn, the group stopped, the fleet failing) with vLLM's error body and the reason. The
+one the rollout refuses with vLLM's error body and the reason: 400 for a call that is
+wrong (too many turns, a conversation that does not extend the last turn), 410 once the
+rollout is over (failed, its group stopped or cancelled, the fleet failing it), which
+OpenAI's clients do not retry (they retry 408, 409, 429 and 5xx). The
 server starts with the first rollout that needs it, so a run without such an
 environment serves nothing.
 """
@@ -205,7 +207,7 @@ class _Calls:
 
     async def serve(self) -> None:
         """Run each call as it comes (one at a time: a conversation is sequential) until
-        cancelled; a call cut short by the cancellation is refused (503)."""
+        cancelled; a call cut short by the cancellation is refused (410)."""
         async with self._receive:
             async for pending in self._receive:
                 try:
@@ -215,7 +217,7 @@ class _Calls:
                 else:
                     pending.answer(turn, None)
                 finally:
-                    pending.answer(None, CallRefused(503, "the rollout ended during the call"))
+                    pending.answer(None, CallRefused(410, "the rollout ended during the call"))
 
 
 async def _refuse(send: Send, status: int, message: str) -> None:
