@@ -287,16 +287,22 @@ def test_a_killed_worker_fails_its_episodes_and_the_next_call_starts_it_again(ho
     assert arith._restarts_in_a_row == 0 and arith.tasks == 12
 
     # Past `max_restarts` restarts in a row, the next call stops the run, saying why.
-    arith.max_restarts = 0
-    worker = arith._worker
-    assert worker is not None
-    os.kill(worker.process.pid, signal.SIGKILL)
-    with pytest.raises(UserError) as stopped:
-        drive(host, arith, 9, "after-the-last")
+    max_restarts, arith.max_restarts = arith.max_restarts, 0
+    try:
+        worker = arith._worker
+        assert worker is not None
+        os.kill(worker.process.pid, signal.SIGKILL)
+        with pytest.raises(UserError) as stopped:
+            drive(host, arith, 9, "after-the-last")
+    finally:
+        # The module's other tests share this environment (in whatever order xdist runs
+        # them): its next call starts the worker again.
+        arith.max_restarts = max_restarts
     assert str(stopped.value) == (
         "env arith: the verifiers worker keeps dying (0 restarts in a row, no answer in "
         "between; last: it was killed by signal 9)"
     )
+    assert drive(host, arith, 10, "right-again").reward == 1.25
 
 
 def test_check_config_names_an_unknown_id_and_wrong_args_in_one_line(

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import trio
 from _vllm_kit import Server, generate, key_file, run_against
 from payload_gc import PayloadRootFiles
 
+from orchestrator.commands.launch import launch_run
+from orchestrator.config import load_config
 from orchestrator.handoff import read_batch
 from orchestrator.payload import read_rows
 from orchestrator.wire import build_generate_request, parse_generate_response
@@ -178,3 +181,50 @@ async def test_the_routing_trained_on_by_handle_is_the_routing_inline(
         f"have equal routing ({rows} rows; {len(by_handle)} samples by handle)"
     )
     assert equal == len(same)
+
+
+async def test_a_verifiers_environment_trains_by_handle_against_the_writer(
+    writer_server: Server,
+    model: Path,
+    shared: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The demo's verifiers taskset, unchanged, its package importable by its worker; the
+    # tiny model's own tokenizer and chat template render its prompts (verifiers' side)
+    # and vLLM samples every call, through the daemon, routing by handle.
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "demo" / "verifiers_envs"))
+    run_dir = tmp_path / "run"
+    steps = 1
+    config = load_config(
+        ROOT / "configs" / "verifiers.toml",
+        [
+            f'run_dir="{run_dir}"',
+            f"max_steps={steps}",
+            f'model.tokenizer="{model}"',
+            "batch.size=4",
+            "batch.group_size=4",
+            "inference.max_inflight=8",
+            "sim.inference_servers=0",
+            f'inference.urls=["{writer_server.url}"]',
+            key_file(writer_server, tmp_path / "key"),
+            'inference.weight_update="none"',
+            "sim.trainer=true",
+            "sim.train_time_s=0.05",
+            'payload.mode="by_handle"',
+            f'payload.root="{shared / "verifiers"}"',
+            'payload.fields=["routed_experts"]',
+            "trainer.poll_interval_s=0.1",
+        ],
+    )
+    with trio.fail_after(600):
+        outcome = await launch_run(config)
+    state = outcome.state
+    assert state.shipping.last_shipped == steps
+    assert state.dispatch.failures["trajectory_mismatch"] == 0
+    assert state.dispatch.failures["poisoned_payload"] == 0
+    assert outcome.sink.by_env["vf-arith"].scored >= 4
+    for sample in read_batch(config.batches_dir / f"step_{steps:06d}").samples:
+        assert sample.routed_experts is not None
+    report = json.loads((config.run_dir / "trainer" / "report.json").read_text())
+    assert report["payload_bytes"] > 0 and not report["violations"], report
