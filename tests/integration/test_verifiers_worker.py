@@ -336,6 +336,16 @@ def test_check_config_names_an_unknown_id_and_wrong_args_in_one_line(
     )
 
 
+def worker_without_verifiers(path: str, spec: WorkerSpec, folder: Path) -> subprocess.Popen[bytes]:
+    """The worker started on `path` with `folder` (its `sitecustomize`) on PYTHONPATH."""
+    return subprocess.Popen(
+        [sys.executable, "-m", WORKER_MODULE, "--socket", path, "--config", spec.config_json()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(folder)},
+    )
+
+
 def connected(path: str, process: subprocess.Popen[bytes]) -> socket.socket:
     """A connection to the worker listening at `path`, once it listens."""
     client = socket.socket(socket.AF_UNIX)
@@ -358,12 +368,7 @@ def test_the_worker_answers_every_request_prints_nothing_and_ends_with_its_peer(
     (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['verifiers'] = None\n")
     path = str(tmp_path / "w.sock")
     spec = WorkerSpec("x", "vf-arith", MODEL)
-    process = subprocess.Popen(
-        [sys.executable, "-m", WORKER_MODULE, "--socket", path, "--config", spec.config_json()],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-    )
+    process = worker_without_verifiers(path, spec, tmp_path)
     try:
         with connected(path, process) as client, client.makefile("rb") as reader:
             client.sendall(b'{"id": 1, "op": "hello"}\n{"id": 2, "op": "task", "index": 0}\n')
@@ -379,12 +384,7 @@ def test_the_worker_answers_every_request_prints_nothing_and_ends_with_its_peer(
     assert process.returncode == 0 and out == b"", err
 
     # And on SIGTERM, its peer still there.
-    process = subprocess.Popen(
-        [sys.executable, "-m", WORKER_MODULE, "--socket", path, "--config", spec.config_json()],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-    )
+    process = worker_without_verifiers(path, spec, tmp_path)
     try:
         with connected(path, process) as client, client.makefile("rb") as reader:
             client.sendall(b'{"id": 1, "op": "hello"}\n')
