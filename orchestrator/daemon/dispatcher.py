@@ -28,7 +28,8 @@ from orchestrator.daemon.inference.http11 import HTTP11Client
 from orchestrator.daemon.inference.model_endpoint import ModelDesk
 from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.rollout_finisher import RolloutFinisher
-from orchestrator.daemon.rollout_runner import RolloutRun, RolloutRunner
+from orchestrator.daemon.rollout_run import RolloutRun
+from orchestrator.daemon.rollout_runner import RolloutRunner
 from orchestrator.daemon.run_state import InflightGroup, RunState
 
 log = structlog.get_logger(__name__)

@@ -23,7 +23,7 @@ from orchestrator.core.rollouts import Discard, RolloutResult
 from orchestrator.core.samples import build_sample
 from orchestrator.daemon.inference.client import TurnFiles, check_turn_files
 from orchestrator.daemon.pass_budget import yield_if_pass_is_long
-from orchestrator.daemon.rollout_runner import RolloutRun
+from orchestrator.daemon.rollout_run import RolloutRun
 from orchestrator.daemon.run_state import RunState
 
 

@@ -1,5 +1,6 @@
 """One rollout, turn by turn: its generate requests (retried on transient failures), its
-environment's replies between turns, until the episode ends or fails.
+environment's replies between turns, until the episode ends or fails. An environment that
+drives its own turns has each of its calls run as such a turn (`driven_rollouts.py`).
 
 Training rollouts capture payloads (each request names its version's payload directory
 and where its routing rows start, docs/design.md §3, §4); eval rollouts
@@ -9,10 +10,7 @@ routing start, and their replies' payload arrays are not read.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import math
-from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -22,43 +20,22 @@ import trio
 
 from orchestrator.config import Config
 from orchestrator.core.arrays import TOKEN_DTYPE
-from orchestrator.core.environments import Driven, DrivenEpisode, Episode, Prompt, Sampling
+from orchestrator.core.environments import DrivenEpisode, Episode, Prompt, Sampling
 from orchestrator.core.refusals import NO_ANSWER_KINDS, REFUSAL_KINDS, RefusalWatch
 from orchestrator.core.turns import TurnOutput
+from orchestrator.daemon.driven_rollouts import DrivenRollouts
 from orchestrator.daemon.inference.client import encode_generate_request, post_generate
 from orchestrator.daemon.inference.http11 import HTTP11Client
-from orchestrator.daemon.inference.model_endpoint import CallRefused, GenerateCall, ModelDesk
+from orchestrator.daemon.inference.model_endpoint import ModelDesk
 from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.pass_budget import yield_if_pass_is_long
 from orchestrator.daemon.rejections import Rejections
+from orchestrator.daemon.rollout_run import RolloutRun
 from orchestrator.daemon.run_state import RunState
 from orchestrator.payload import RoutingShape, version_dir
 from orchestrator.wire import InferenceFailure, build_generate_request, parse_generate_response
 
 log = structlog.get_logger(__name__)
-
-
-@attrs.define
-class RolloutRun:
-    """A rollout while it runs: its turns so far, or why it failed (`failed`, and the
-    failure's kind in `failure_kind`)."""
-
-    rollout_id: str
-    version: int
-    payload_dir: Path | None
-    tokens: np.ndarray  # int32: the prompt, then each turn's completion and env reply
-    turns: list[tuple[int, TurnOutput]] = attrs.field(factory=list)
-    failed: str | None = None
-    failure_kind: str | None = None
-    server: str = ""  # the inference server it ran on
-    # Its conversation with the environment (the members of a group diverge).
-    episode: Episode | DrivenEpisode | None = None
-    # What an environment that drives its turns measured besides the reward.
-    metrics: Mapping[str, float] = attrs.field(factory=dict)
-
-    def fail(self, kind: str, detail: str) -> RolloutRun:
-        self.failed, self.failure_kind = detail, kind
-        return self
 
 
 @attrs.define
@@ -81,10 +58,14 @@ class RolloutRunner:
     _last_payload_dir: tuple[int, Path] | None = attrs.field(default=None, init=False)
     # Whether rollouts write payload files (decided by the config once, not per rollout).
     _writes_files: bool = attrs.field(init=False)
+    # Rollouts whose environment drives their turns (through `desk`).
+    _driven: DrivenRollouts | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         config = self.config
         self._writes_files = self.capture and config.by_handle and bool(config.payload.fields)
+        if self.desk is not None:
+            self._driven = DrivenRollouts(self.desk, self.rejections, self._turn)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -106,7 +87,9 @@ class RolloutRunner:
         tokens = np.asarray(prompt.token_ids, dtype=TOKEN_DTYPE)
         run = RolloutRun(rollout_id, version, payload_dir, tokens, server=server, episode=episode)
         if isinstance(episode, DrivenEpisode):
-            return await self._run_driven(run, prompt.sampling, episode, stop)
+            if self._driven is None:
+                return run.fail("environment", "this runner has no model endpoint for driven envs")
+            return await self._driven.run(run, prompt.sampling, episode, stop)
         # Delta replay: each turn asks for routing rows from where the previous turn's
         # rows ended (its last sampled token was never run forward), never for rows the
         # rollout already holds.
@@ -161,78 +144,6 @@ class RolloutRunner:
         return await self._request_turn(
             run.server, body, len(run.tokens), routing_start, run.payload_dir, stop
         )
-
-    async def _run_driven(
-        self, run: RolloutRun, sampling: Sampling, episode: DrivenEpisode, stop: trio.Event
-    ) -> RolloutRun:
-        """A rollout whose environment drives its turns: each of its calls to the model
-        endpoint is run here as a turn (`_driven_turn`); once it ends, what it recorded
-        must be what was sampled (docs/design.md § Environments that drive their turns)."""
-        if self.desk is None:
-            return run.fail("environment", "this runner has no model endpoint for driven envs")
-        run_turn = functools.partial(self._driven_turn, run, sampling, stop)
-        async with (
-            self.desk.rollout(run_turn) as (model_url, calls),
-            trio.open_nursery() as nursery,
-        ):
-            nursery.start_soon(calls.serve)
-            driven = await episode.drive(model_url)
-            nursery.cancel_scope.cancel()
-        if run.failed is not None:
-            return run
-        problem = driven.error or _disagreement(driven, run)
-        if problem is not None:
-            kind = "environment" if driven.error else "trajectory_mismatch"
-            self.rejections.record(kind, run.server, problem, rollout=run.rollout_id)
-            return run.fail(kind, problem)
-        run.metrics = _finite(driven.metrics)
-        return run
-
-    async def _driven_turn(
-        self, run: RolloutRun, sampling: Sampling, stop: trio.Event, call: GenerateCall
-    ) -> TurnOutput:
-        """One call of a driven rollout, run as its next turn; raises `CallRefused` for a
-        call it will not run (the rollout fails with the first reason)."""
-        turn_index = len(run.turns)
-        if run.failed is not None:
-            raise CallRefused(410, f"the rollout has failed already: {run.failed}")
-        if stop.is_set():
-            run.fail("stopped", "stopped: the group can no longer ship")
-            raise CallRefused(410, "stopped: the group can no longer ship")
-        if turn_index >= sampling.max_turns:
-            raise CallRefused(
-                400, f"the rollout has had its {sampling.max_turns} turns (max_turns)"
-            )
-        held = len(run.tokens)
-        if turn_index and not (
-            len(call.token_ids) > held and np.array_equal(call.token_ids[:held], run.tokens)
-        ):
-            detail = (
-                f"turn {turn_index}'s tokens do not extend the last turn's prompt and completion"
-                " (the conversation was rendered anew, not bridged)"
-            )
-            self.rejections.record(
-                "trajectory_mismatch", run.server, detail, rollout=run.rollout_id
-            )
-            run.fail("trajectory_mismatch", detail)
-            raise CallRefused(400, detail)
-        asked = sampling.max_tokens if call.max_tokens is None else call.max_tokens
-        stops = tuple(dict.fromkeys((*sampling.stop_token_ids, *call.stop_token_ids)))
-        turn_sampling = attrs.evolve(
-            sampling, max_tokens=min(asked, sampling.max_tokens), stop_token_ids=stops
-        )
-        # Routing rows from where the rows held end: the last sampled token was never run
-        # forward (as in `run`).
-        routing_start = held - 1 if turn_index else 0
-        run.tokens = call.token_ids
-        try:
-            turn = await self._turn(run, turn_index, turn_sampling, routing_start, stop)
-        except InferenceFailure as failure:
-            run.fail(failure.kind, str(failure))
-            raise CallRefused(410, f"the inference server failed: {failure}") from None
-        run.turns.append((len(run.tokens), turn))
-        run.tokens = np.concatenate([run.tokens, turn.completion_ids])
-        return turn
 
     def _payload_dir(self, version: int) -> Path:
         if self._last_payload_dir is None or self._last_payload_dir[0] != version:
@@ -344,27 +255,3 @@ def _routing_row_shape(turn: TurnOutput) -> tuple[int, ...] | None:
 def _seed(run_seed: int, rollout_id: str, turn: int) -> int:
     digest = hashlib.blake2b(f"{run_seed}/{rollout_id}/{turn}".encode(), digest_size=4)
     return int.from_bytes(digest.digest(), "little")
-
-
-def _finite(metrics: Mapping[str, object]) -> dict[str, float]:
-    """The metrics that are finite numbers (the environment is user code)."""
-    return {
-        str(name): float(value)
-        for name, value in metrics.items()
-        if isinstance(value, int | float) and math.isfinite(value)
-    }
-
-
-def _disagreement(driven: Driven, run: RolloutRun) -> str | None:
-    """Why the environment's record of the turns is not what the daemon sampled (None:
-    it is): the sample is built from the daemon's turns, never from the environment's."""
-    sampled = [tuple(turn.completion_ids.tolist()) for _, turn in run.turns]
-    recorded = [tuple(completion) for completion in driven.completions]
-    if not sampled:
-        return "the environment never called the model"
-    if recorded != sampled:
-        return (
-            f"the environment recorded {len(recorded)} completions that differ from the "
-            f"{len(sampled)} turns the daemon sampled"
-        )
-    return None

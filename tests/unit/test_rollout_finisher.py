@@ -14,7 +14,7 @@ from payload_gc import min_fresh_version
 from orchestrator.core.staleness import Staleness
 from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon.rollout_finisher import RolloutFinisher
-from orchestrator.daemon.rollout_runner import RolloutRun
+from orchestrator.daemon.rollout_run import RolloutRun
 from orchestrator.daemon.run_state import RunState, Shipping, Versions
 from orchestrator.payload import PayloadSegment
 
