@@ -220,14 +220,7 @@ def _verifiers_environment(
         renderer=env.renderer,
         chat_template_kwargs=config.model.chat_template_kwargs,
     )
-    sampling = Sampling(
-        max_tokens=env.max_tokens,
-        temperature=env.temperature,
-        top_p=env.top_p,
-        top_k=env.top_k,
-        stop_token_ids=stop_token_ids,
-        max_turns=env.max_turns,
-    )
+    sampling = _sampling(env, stop_token_ids, max_turns=env.max_turns)
     # The model's name as the daemon's endpoint gives it (`GET /v1/models`), so that
     # verifiers reads its context length there.
     return VerifiersEnvironment(
@@ -351,7 +344,7 @@ def _environment(
             name=env.name,
             plugin=loaded.plugin,
             tokenizer=tokenizer,
-            sampling=_sampling(env, tokenizer, max_turns=env.max_turns),
+            sampling=_sampling(env, tokenizer.stop_token_ids, max_turns=env.max_turns),
             rewards=loaded.rewards,
             pool=pool,
             budget=budget,
@@ -371,17 +364,18 @@ def _environment(
         tokenizer=tokenizer,
         rewards=loaded.rewards,
         pool=pool,
-        sampling=_sampling(env, tokenizer, max_turns=1),
+        sampling=_sampling(env, tokenizer.stop_token_ids, max_turns=1),
         budget=budget,
     )
 
 
-def _sampling(env: EnvConfig, tokenizer: ChatTokenizer, *, max_turns: int) -> Sampling:
+def _sampling(env: EnvConfig, stop_token_ids: tuple[int, ...], *, max_turns: int) -> Sampling:
+    """The env's sampling keys, with the model's end-of-generation tokens."""
     return Sampling(
         max_tokens=env.max_tokens,
         temperature=env.temperature,
         top_p=env.top_p,
         top_k=env.top_k,
-        stop_token_ids=tokenizer.stop_token_ids,
+        stop_token_ids=stop_token_ids,
         max_turns=max_turns,
     )

@@ -2,11 +2,11 @@
 whose episodes drive themselves (`DrivenEpisode`), served by a worker process
 (`worker.py`) over a Unix socket in a temporary directory of its own.
 
-Opened as an async context manager, it starts the worker and waits for its `hello` (the
-environment loaded, its task count) under `start_timeout_s`; anything that goes wrong is
-a `UserError`, one line. It stops the worker on exit: its socket closed and SIGTERM, then
-SIGKILL after `stop_grace_s`. `open_verifiers_environments` opens several at once, their
-workers loading side by side (verifiers' import alone takes seconds).
+`open_verifiers_environments` opens them: it starts every worker first, so that they
+load side by side (verifiers' import alone takes seconds), then waits for each `hello`
+(the environment loaded, its task count) under `start_timeout_s`; anything that goes
+wrong is a `UserError`, one line. On exit each worker is stopped: its socket closed and
+SIGTERM, then SIGKILL after `stop_grace_s`.
 
 Prompts: a finite taskset's tasks are drawn epoch after epoch, each a shuffle seeded by
 the run's seed and the env's name (`DataOrder`, as a dataset's rows), an infinite one's in
@@ -32,10 +32,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import types
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import attrs
 import numpy as np
@@ -287,7 +286,6 @@ class VerifiersEnvironment:
     hello: dict[str, Any] = attrs.field(factory=dict, init=False)
     _worker: _Worker | None = attrs.field(default=None, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
-    _stack: contextlib.AsyncExitStack | None = attrs.field(default=None, init=False)
     _start_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _order_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _order: DataOrder | None = attrs.field(default=None, init=False)
@@ -309,28 +307,6 @@ class VerifiersEnvironment:
         return None if count is None else int(count)
 
     # -- opening and closing --------------------------------------------------------
-
-    async def __aenter__(self) -> Self:
-        stack = contextlib.AsyncExitStack()
-        await stack.__aenter__()
-        try:
-            await stack.enter_async_context(self.spawned())
-            await self.wait_started()
-        except BaseException:
-            if not await stack.__aexit__(*sys.exc_info()):
-                raise
-        self._stack = stack
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: types.TracebackType | None,
-    ) -> bool | None:
-        stack, self._stack = self._stack, None
-        assert stack is not None
-        return await stack.__aexit__(kind, value, traceback)
 
     @contextlib.asynccontextmanager
     async def spawned(self) -> AsyncIterator[None]:
