@@ -72,9 +72,16 @@ class CorePlan:
         )
 
 
+#: The cores this process may use as it starts, before a benchmark pins itself to the
+#: daemon's: a plan made after that pinning would see one core and pin nothing, and the
+#: fleet started then would inherit the daemon's core.
+_START_CORES = frozenset(os.sched_getaffinity(0))
+
+
 def plan_cores() -> CorePlan:
-    """Core 0 for the daemon, the rest for the fleet; no pinning on a one-core machine."""
-    cores = sorted(os.sched_getaffinity(0))
+    """Core 0 for the daemon, the rest for the fleet; no pinning on a one-core machine.
+    The same plan whenever it is made (from the cores the process started with)."""
+    cores = sorted(_START_CORES)
     if len(cores) < 2:
         return CorePlan(frozenset(), frozenset())
     return CorePlan(frozenset(cores[:1]), frozenset(cores[1:]))
