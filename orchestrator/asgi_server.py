@@ -13,6 +13,7 @@ log. A leaf: it imports nothing of the orchestrator.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import logging
 import socket
@@ -103,7 +104,10 @@ async def serve_asgi(
     Raises `OSError` when it cannot listen on `host:port`.
     """
     # Imported here: the CLI builds its parser from every command module, and hypercorn
-    # is only needed by a process that actually serves.
+    # is only needed by a process that actually serves. First in a worker thread: a
+    # server started mid-run (the daemon's model endpoint) would otherwise stall the
+    # loop for the import (50 ms and more).
+    await trio.to_thread.run_sync(importlib.import_module, "hypercorn.trio.run")
     from hypercorn.app_wrappers import ASGIWrapper
     from hypercorn.config import Config, Sockets
     from hypercorn.trio.run import worker_serve

@@ -289,7 +289,9 @@ async def open_tasks(config: Config) -> AsyncIterator[Tasks]:
                 )
                 for index, loaded in enumerate(tasks.evals)
             )
-            yield Tasks(environment, evals, pool.start_workers)
+            # No reward functions (verifiers envs, plugins that score themselves): no
+            # worker process to start (the pool would still start one for a first call).
+            yield Tasks(environment, evals, pool.start_workers if specs else None)
     finally:
         tasks.close()
 
