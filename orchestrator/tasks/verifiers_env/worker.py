@@ -131,6 +131,9 @@ class Relay:
 
     def __init__(self) -> None:
         self.routes: dict[str, str] = {}
+        # Sessions whose rollout the daemon said is over (410, or 404 for a key it
+        # closed): their failed calls are expected, not worth a warning each.
+        self.over: set[str] = set()
         self.url = ""
         self._runner: Any = None
         self._client: Any = None
@@ -165,6 +168,7 @@ class Relay:
     def forget(self, sessions: list[str]) -> None:
         for session in sessions:
             self.routes.pop(session, None)
+            self.over.discard(session)
 
     async def _generate(self, request: Any) -> Any:
         session = request.headers.get(SESSION_HEADER, "")
@@ -173,7 +177,10 @@ class Relay:
             return _error_response(404, f"no rollout has session {session!r}")
         body = await request.read()
         headers = {SESSION_HEADER: session, "Content-Type": request.content_type}
-        return await self._forward("POST", f"{base}/inference/v1/generate", body, headers)
+        answer = await self._forward("POST", f"{base}/inference/v1/generate", body, headers)
+        if answer.status in (404, 410):
+            self.over.add(session)
+        return answer
 
     async def _models(self, request: Any) -> Any:
         if not self.routes:
@@ -205,6 +212,26 @@ def _error_response(status: int, message: str) -> Any:
     return web.json_response({"error": {"message": message, "code": status}}, status=status)
 
 
+class RolloutOverFilter(logging.Filter):
+    """Drops verifiers' "model call failed" warning for a session whose rollout the
+    daemon ended (a group stopped, the run over): each of its calls then fails, as it
+    should, and a line apiece would bury the warnings that matter."""
+
+    def __init__(self, relay: Relay) -> None:
+        super().__init__()
+        self.relay = relay
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (
+            isinstance(record.msg, str)
+            and record.msg.startswith("model call failed")
+            and isinstance(args, tuple)
+            and bool(args)
+            and args[0] in self.relay.over
+        )
+
+
 class Worker:
     """The loaded environment and the requests on it."""
 
@@ -216,6 +243,9 @@ class Worker:
         self.tasks: Tasks | None = None
         self.version = ""
         self.relay = Relay()
+        # On the handlers: verifiers' records reach them by propagation.
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(RolloutOverFilter(self.relay))
         self.client: Any = None
         self.stop = asyncio.Event()
         self._peer = False
@@ -325,6 +355,8 @@ class Worker:
             if self.load_error is None:
                 try:
                     await self._start_serving(stack)
+                except LoadError as exc:
+                    self.load_error = one_line(str(exc))
                 except Exception as exc:
                     log.debug("serving failed", exc_info=True)
                     self.load_error = one_line(
@@ -352,7 +384,30 @@ class Worker:
             renderer_model_name=str(self.config["tokenizer"]),
             renderer=dict(self.config.get("renderer") or {"name": "default"}),
         )
+        await asyncio.to_thread(self._check_renderer)
         await stack.enter_async_context(self.env.serving())
+
+    def _check_renderer(self) -> None:
+        """Build the renderer once, as verifiers builds it for a turn: one that refuses the
+        tokenizer (a model family's renderer on a vocabulary without its special tokens)
+        fails the load in one line, not every episode at its first turn."""
+        from renderers import create_renderer  # type: ignore[import-untyped]
+        from renderers.base import load_tokenizer  # type: ignore[import-untyped]
+
+        renderer = self.client.renderer
+        tokenizer = str(self.config["tokenizer"])
+        try:
+            create_renderer(
+                load_tokenizer(tokenizer),
+                renderer,
+                chat_template_kwargs=dict(self.config.get("chat_template_kwargs") or {}) or None,
+            )
+        except Exception as exc:
+            name = getattr(renderer, "name", "default")
+            raise LoadError(
+                f"{self.id}: its renderer {name!r} does not load with the tokenizer "
+                f"{tokenizer}: {type(exc).__name__}: {exc}"
+            ) from None
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._peer:  # one peer: the daemon that started it
