@@ -25,6 +25,8 @@ SCRIPTS = [
     "real_tasks.py",
     # Where a real rollout's cost goes, stage by stage, against an older revision.
     "rollout_profile.py",
+    # A verifiers environment against the same task as a dataset env: daemon and env CPU.
+    "verifiers_cost.py",
     # Rewards on a local Ray instance against the local worker processes (issue 25).
     "ray_rewards.py",
     # Batches of 256 and 512 rollouts of ~4,500 tokens: lag, memory, batch write and read.
