@@ -1,7 +1,10 @@
 """A verifiers environment no one changed for this project (demo/verifiers_envs/vf_arith,
 verifiers' own API) trains through `[[env]] verifiers = ...`: the daemon, the local fleet
 writing routing and masks by handle, the local trainer reading every payload byte, the
-collector after every update (configs/verifiers.toml, one small step)."""
+collector after every update (configs/verifiers.toml, one small step). Beside it, one eval
+of another, multi-turn, verifiers environment (`[[eval.env]]`, vf_twoturn: a second user
+turn) at the last version, its turns bridged by a renderer for demo/model's template
+(demo/verifiers_envs/qwen3_no_tools)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import structlog.testing
 import trio
 
 from orchestrator.commands.launch import launch_run
@@ -18,10 +22,18 @@ from orchestrator.handoff import BATCH_FILE, read_batch_file
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 1
+#: The renderer that bridges turns on demo/model's template (renderers' `qwen3` refuses
+#: its tokenizer: no tool-call tokens), as configs/verifiers.toml names it.
+RENDERER = (
+    '{name = "custom", import_path = "qwen3_no_tools.Qwen3NoToolsRenderer", '
+    'thinking_retention = "all"}'
+)
+#: The eval: one of vf-twoturn's tasks, twice, once (the last version's; no base model).
+EVAL_PROMPTS, EVAL_SAMPLES, EVAL_MAX_TOKENS = 1, 2, 16
 
 
 @pytest.mark.slow
-async def test_a_verifiers_environment_trains_by_handle(
+async def test_a_verifiers_environment_trains_by_handle_and_another_is_evaluated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The environment's package importable by its worker, as the config's header says.
@@ -37,9 +49,14 @@ async def test_a_verifiers_environment_trains_by_handle(
             "inference.max_inflight=4",
             "sim.train_time_s=0.02",
             "trainer.poll_interval_s=0.1",
+            'eval.env=[{name = "vf-twoturn", verifiers = "vf-twoturn", max_turns = 2, '
+            f"max_tokens = {EVAL_MAX_TOKENS}, renderer = {RENDERER}}}]",
+            "eval.eval_base_model=false",
+            f"eval.num_examples={EVAL_PROMPTS}",
+            f"eval.rollouts_per_example={EVAL_SAMPLES}",
         ],
     )
-    with trio.fail_after(240):
+    with structlog.testing.capture_logs() as logs, trio.fail_after(240):
         outcome = await launch_run(config)
     state = outcome.state
     assert state.shipping.last_shipped == STEPS
@@ -61,3 +78,31 @@ async def test_a_verifiers_environment_trains_by_handle(
         bound=state.versions.collected_below,
     )
     assert all(invariant.held for invariant in invariants), invariants
+
+    # The eval: one line of evals.jsonl, at the last version, every sample scored (each
+    # second turn extended the first: no trajectory_mismatch), pass@k of its 0/1 reward.
+    (line,) = [json.loads(text) for text in config.evals_file.read_text().splitlines()]
+    assert (line["version"], line["step"], line["resumed"]) == (STEPS, STEPS, False)
+    assert set(line["envs"]) == {"vf-twoturn"}
+    result = line["envs"]["vf-twoturn"]
+    samples = EVAL_PROMPTS * EVAL_SAMPLES
+    assert (result["samples"], result["failed"], result["failures"]) == (samples, 0, {}), result
+    assert (result["prompts"], result["skipped_prompts"], result["versions"]) == (
+        EVAL_PROMPTS,
+        0,
+        [STEPS],
+    )
+    assert set(result["pass_at"]) == {"1", "2"}
+    assert 0 <= result["pass_at"]["1"] <= result["pass_at"]["2"] <= 1
+    assert 0 <= result["reward_mean"] <= 1
+    # Both turns' completions count: at most max_tokens each.
+    assert 2 <= result["completion_tokens_max"] <= 2 * EVAL_MAX_TOKENS
+    evaluation = state.evaluation
+    assert evaluation.evals == 1 and evaluation.running is None
+    assert evaluation.rollouts == {"scored": samples}
+    assert evaluation.failures["trajectory_mismatch"] == 0
+    assert evaluation.last is not None and evaluation.last.to_json() == line
+    (logged,) = [entry for entry in logs if entry["event"] == "eval"]
+    assert (logged["env"], logged["version"], logged["samples"]) == ("vf-twoturn", STEPS, samples)
+    # The eval's rollouts are apart from training's, which never saw its env.
+    assert "vf-twoturn" not in outcome.sink.by_env

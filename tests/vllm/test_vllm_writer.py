@@ -6,6 +6,7 @@ an inline run of the same seeds got; hostile directories are refused by the serv
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from orchestrator.commands.launch import launch_run
 from orchestrator.config import load_config
 from orchestrator.handoff import read_batch
 from orchestrator.payload import read_rows
+from orchestrator.tasks.chat import ChatTokenizer
 from orchestrator.wire import build_generate_request, parse_generate_response
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,17 +185,41 @@ async def test_the_routing_trained_on_by_handle_is_the_routing_inline(
     assert equal == len(same)
 
 
+#: vf-twoturn as an `[[env]]`: its two turns bridged by the renderer for the tiny model's
+#: template (demo/verifiers_envs/qwen3_no_tools: renderers' own `qwen3` refuses its
+#: tokenizer, its `default` renders each turn anew), and a shaping reward plugged in by
+#: verifiers' own config (the tiny model never answers right: without it every group's
+#: rewards are equal, and none trains).
+TWOTURN = (
+    'env=[{name = "vf-twoturn", verifiers = "vf-twoturn", max_tokens = 16, max_turns = 2, '
+    'renderer = {name = "custom", import_path = "qwen3_no_tools.Qwen3NoToolsRenderer", '
+    'thinking_retention = "all"}, args = {taskset = {task = {rewards = {gives_a_number = '
+    '{fn = "vf_twoturn:gives_a_number", weight = 0.25}}}}}}]'
+)
+#: The `--set`s of each env (none: configs/verifiers.toml's own, vf-arith) and its turns.
+VERIFIERS_ENVS = {"vf-arith": ((), 1), "vf-twoturn": ((TWOTURN,), 2)}
+
+
+def loss_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """The [start, end) of each run of loss positions: one per sampled turn."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    return [(int(start), int(end)) for start, end in zip(edges[::2], edges[1::2], strict=True)]
+
+
+@pytest.mark.parametrize("env", sorted(VERIFIERS_ENVS))
 async def test_a_verifiers_environment_trains_by_handle_against_the_writer(
     writer_server: Server,
     model: Path,
     shared: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    env: str,
 ) -> None:
     # The demo's verifiers taskset, unchanged, its package importable by its worker; the
     # tiny model's own tokenizer and chat template render its prompts (verifiers' side)
     # and vLLM samples every call, through the daemon, routing by handle.
     monkeypatch.setenv("PYTHONPATH", str(ROOT / "demo" / "verifiers_envs"))
+    overrides, turns = VERIFIERS_ENVS[env]
     run_dir = tmp_path / "run"
     steps = 1
     config = load_config(
@@ -212,9 +238,10 @@ async def test_a_verifiers_environment_trains_by_handle_against_the_writer(
             "sim.trainer=true",
             "sim.train_time_s=0.05",
             'payload.mode="by_handle"',
-            f'payload.root="{shared / "verifiers"}"',
+            f'payload.root="{shared / "verifiers" / env}"',
             'payload.fields=["routed_experts"]',
             "trainer.poll_interval_s=0.1",
+            *overrides,
         ],
     )
     with trio.fail_after(600):
@@ -223,8 +250,16 @@ async def test_a_verifiers_environment_trains_by_handle_against_the_writer(
     assert state.shipping.last_shipped == steps
     assert state.dispatch.failures["trajectory_mismatch"] == 0
     assert state.dispatch.failures["poisoned_payload"] == 0
-    assert outcome.sink.by_env["vf-arith"].scored >= 4
+    assert outcome.sink.by_env[env].scored >= 4
+    tokenizer = ChatTokenizer.load(model).tokenizer
     for sample in read_batch(config.batches_dir / f"step_{steps:06d}").samples:
         assert sample.routed_experts is not None
+        # Every turn the env took is in the sample: its completion trained on, and between
+        # two, what the renderer bridged them with (the next user turn).
+        runs = loss_runs(sample.loss_mask)
+        assert len(runs) == turns, runs
+        for (_, end), (start, _) in itertools.pairwise(runs):
+            bridge = tokenizer.decode(sample.token_ids[end:start].tolist())
+            assert "<|im_start|>user\nYou said " in bridge, bridge
     report = json.loads((config.run_dir / "trainer" / "report.json").read_text())
     assert report["payload_bytes"] > 0 and not report["violations"], report

@@ -1,6 +1,11 @@
 """Arithmetic over two user turns: the question, then "check it and answer again"; the
 reward is for the second answer. A verifiers taskset with an `Env` of its own (id
-`vf-twoturn`), written with verifiers' own API."""
+`vf-twoturn`), written with verifiers' own API.
+
+`gives_a_number` is no reward of the task's: a shaping reward to plug in by verifiers' own
+config, for a model that never answers right (a group whose rewards are all equal trains
+nothing): `args = {taskset = {task = {rewards = {gives_a_number = {fn =
+"vf_twoturn:gives_a_number", weight = 0.25}}}}}`."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import re
 
 import verifiers.v1 as vf
 
-__all__ = ["TwoTurnEnv", "TwoTurnTaskset"]
+__all__ = ["TwoTurnEnv", "TwoTurnTaskset", "gives_a_number"]
 
 NUMBER = re.compile(r"-?\d+")
 
@@ -17,6 +22,11 @@ NUMBER = re.compile(r"-?\d+")
 def last_number(text: str) -> str | None:
     numbers = NUMBER.findall(text)
     return numbers[-1] if numbers else None
+
+
+async def gives_a_number(trace: vf.Trace) -> float:
+    """1 for a last reply with a number at all (plugged in by config, see above)."""
+    return float(last_number(trace.last_reply) is not None)
 
 
 class TwoTurnData(vf.TaskData):
