@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -91,9 +92,17 @@ class BridgeError(UserError):
     """The chat template cannot be shown to extend a conversation without re-rendering it."""
 
 
+#: Held while transformers is imported and a tokenizer loaded: its lazy module is not
+#: thread-safe on first use (a second thread's `transformers.AutoTokenizer` can fail with
+#: AttributeError while the first still resolves it; `check-config` loads environments
+#: side by side). A load takes milliseconds once the import is done.
+_LOADING = threading.Lock()
+
+
 @functools.cache
 def _transformers() -> Any:
-    """transformers, imported on first use (it takes seconds) with its logging tamed."""
+    """transformers, imported on first use (it takes seconds) with its logging tamed.
+    Call it holding `_LOADING`."""
     # transformers logs an advisory "PyTorch was not found" line at import; no torch is
     # installed on purpose (only tokenizers are used). This is its switch for advisories.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -139,10 +148,11 @@ class ChatTokenizer:
                 f"model folder {folder} has no tokenizer files ({', '.join(_TOKENIZER_FILES)})"
             )
         try:
-            tokenizer = cast(
-                "PreTrainedTokenizerBase",
-                _transformers().AutoTokenizer.from_pretrained(folder, local_files_only=True),
-            )
+            with _LOADING:
+                auto = _transformers().AutoTokenizer
+                tokenizer = cast(
+                    "PreTrainedTokenizerBase", auto.from_pretrained(folder, local_files_only=True)
+                )
         # Any failure means the folder's files are not a usable tokenizer; the Rust
         # `tokenizers` library raises plain Exception for a tokenizer.json it cannot read.
         except Exception as error:

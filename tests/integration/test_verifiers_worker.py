@@ -322,9 +322,14 @@ def test_check_config_names_an_unknown_id_and_wrong_args_in_one_line(
             check_tasks(load_config(path))  # a trio run of its own, in this thread
         return str(error.value)
 
-    envs = ['verifiers = "no-such-env"', 'verifiers = "vf-arith"\nargs = {taskset = {count = "x"}}']
-    with ThreadPoolExecutor(2) as pool:  # both workers load side by side
-        unknown, wrong = pool.map(problem, ["unknown", "wrong"], envs)
+    envs = [
+        'verifiers = "no-such-env"',
+        'verifiers = "vf-arith"\nargs = {taskset = {count = "x"}}',
+        # renderers' qwen3 asserts Qwen3's tool-call tokens, which demo/model lacks.
+        'verifiers = "vf-twoturn"\nrenderer = {name = "qwen3"}',
+    ]
+    with ThreadPoolExecutor(3) as pool:  # the workers load side by side
+        unknown, wrong, renderer = pool.map(problem, ["unknown", "wrong", "renderer"], envs)
     assert unknown == (
         "env[0].verifiers: no verifiers taskset 'no-such-env' is installed (no module "
         "'no_such_env'): install its package into this environment, or put its folder on "
@@ -333,6 +338,11 @@ def test_check_config_names_an_unknown_id_and_wrong_args_in_one_line(
     assert wrong == (
         "env[0].verifiers: args.taskset.count: Input should be a valid integer, unable to "
         "parse string as an integer"
+    )
+    assert renderer == (
+        f"env[0].verifiers: vf-twoturn: its renderer 'qwen3' does not load with the "
+        f"tokenizer {MODEL}: AssertionError: Special token '<tool_call>' not found in "
+        "tokenizer vocabulary"
     )
 
 

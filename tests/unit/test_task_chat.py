@@ -487,3 +487,26 @@ async def test_completions_decode_alike_on_the_loop_and_in_a_thread(
     assert threads == []
     assert await decode_completions(chat, long, limiter) == [chat.decode(i) for i in long]
     assert len(threads) == 1
+
+
+def test_tokenizers_load_side_by_side_in_a_fresh_process() -> None:
+    # transformers' lazy module is not thread-safe on first use: threads that load at
+    # once (check-config's environments) once failed with "module 'transformers' has no
+    # attribute 'AutoTokenizer'". A fresh process: here transformers is imported already.
+    script = (
+        "import sys, threading\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from pathlib import Path\n"
+        "from orchestrator.tasks.chat import ChatTokenizer\n"
+        "start = threading.Barrier(12)\n"
+        "def load(_):\n"
+        "    start.wait()\n"
+        "    return ChatTokenizer.load(Path(sys.argv[1])).vocab_size\n"
+        "with ThreadPoolExecutor(12) as pool:\n"
+        "    print(sorted(set(pool.map(load, range(12)))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(MODEL)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"[{ChatTokenizer.load(MODEL).vocab_size}]"
