@@ -15,7 +15,7 @@ RUN := $(UV) run --frozen --python python3
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	@$(UV) sync --frozen --python python3 --quiet --compile-bytecode
-	@$(RUN) python -m compileall -q -j 0 orchestrator gc/payload_gc gc/tests vllm-writer/orchestrator_vllm tests bench demo >/dev/null
+	@$(RUN) python -m compileall -q -j 0 orchestrator payload-gc/payload_gc payload-gc/tests vllm-writer/orchestrator_vllm tests bench demo >/dev/null
 
 # The demo always starts a fresh run: its run directory is thrown away first. It ends
 # with its training curves in run/demo/report.html (open it in a browser).
@@ -52,7 +52,7 @@ test: lint
 # The inner loop: the linters and the unit and property tests (under a minute), the
 # orchestrator's and payload-gc's, in one worker per core as `make test`.
 test-quick: lint
-	$(RUN) pytest -q -n auto --dist worksteal tests/unit tests/property gc/tests/unit gc/tests/property
+	$(RUN) pytest -q -n auto --dist worksteal tests/unit tests/property payload-gc/tests/unit payload-gc/tests/property
 
 # The tests whose outcome can depend on the filesystem (marked shared_fs: payload writes
 # and reads, collections, weights seen, busy files, renames, fsync, crash leftovers; the
@@ -63,7 +63,7 @@ test-quick: lint
 # caches, once with none. The other integration and fault tests talk HTTP or count, which
 # a mount cannot change; they ran on local disk.
 # One worker per core, as `make test`; each worker mounts its own (its session fixture).
-NETMOUNT_PYTEST := pytest -q -n auto --dist worksteal --durations=5 -m shared_fs tests/integration tests/fault tests/netmount gc/tests/integration
+NETMOUNT_PYTEST := pytest -q -n auto --dist worksteal --durations=5 -m shared_fs tests/integration tests/fault tests/netmount payload-gc/tests/integration
 test-netmount: setup
 	ORCH_TEST_NETMOUNT=cache $(RUN) $(NETMOUNT_PYTEST)
 	ORCH_TEST_NETMOUNT=nocache $(RUN) $(NETMOUNT_PYTEST)

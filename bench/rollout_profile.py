@@ -178,7 +178,7 @@ def top_functions(stats: pstats.Stats, count: int) -> list[tuple[str, float]]:
 
 
 def _short(filename: str) -> str:
-    for marker in ("/site-packages/", "/orchestrator/", "/gc/", "/lib/python3"):
+    for marker in ("/site-packages/", "/orchestrator/", "/payload-gc/", "/lib/python3"):
         if marker in filename:
             return filename.split(marker, 1)[1]
     return filename

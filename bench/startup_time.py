@@ -37,7 +37,7 @@ from _report import git_revision, machine, write_section
 DEFAULT_OLD = "ecaa371"
 #: A run that has not logged its first step by then has failed.
 RUN_DEADLINE_S = 60.0
-PACKAGES = ("orchestrator", "gc/payload_gc", "vllm-writer/orchestrator_vllm")
+PACKAGES = ("orchestrator", "payload-gc/payload_gc", "vllm-writer/orchestrator_vllm")
 MARKS = ("first line", "run's first line", "first step")
 
 

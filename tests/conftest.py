@@ -1,7 +1,7 @@
 """What only the orchestrator's tree needs: the stages collected only when asked for. The
 fixtures and hooks every test shares (logging reset, `bind_mount`, `shared_fs` marks, the
 `slow` tests first, the network-mount mode) are tests/support/suite_plugin.py, shared
-with payload-gc's tests (`gc/tests/`).
+with payload-gc's tests (`payload-gc/tests/`).
 
 **The real-vLLM stage.** `tests/vllm` runs only with `ORCH_VLLM_PYTHON` set (`make
 test-vllm`, which installs the stage's venv): without it those tests are not collected, so

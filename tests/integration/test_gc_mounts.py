@@ -1,6 +1,6 @@
 """A fresh run over a payload root whose `v0` is a bind mount: the daemon refuses to start.
 payload-gc's own handling of mount points (never entered, by the CLI, the API or a wipe)
-is gc/tests/integration/test_bind_mounts.py.
+is payload-gc/tests/integration/test_bind_mounts.py.
 
 This test needs root (`mount --bind`); it skips with the reason otherwise, and always
 unmounts in teardown.

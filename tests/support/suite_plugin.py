@@ -1,12 +1,12 @@
 """The pytest plugin every suite shares, the orchestrator's (`tests/`) and payload-gc's
-(`gc/tests/`): logging configured by one test never leaks into the next, the `bind_mount`
+(`payload-gc/tests/`): logging configured by one test never leaks into the next, the `bind_mount`
 fixture for the tests of mount points, the `shared_fs` marks, the `slow` tests first, and
 the network-mount test mode. Loaded by the repository's root `conftest.py`
 (`pytest_plugins`), so one implementation serves both trees whatever paths pytest is given.
 
 **The network-mount mode.** `ORCH_TEST_NETMOUNT=cache` (or `nocache`) puts the `tmp_path`
 of every test in `NETMOUNT_SUITES` (`tests/integration`, `tests/fault`, `tests/netmount`,
-`gc/tests/integration`), and so their payload roots, run directories, batches and
+`payload-gc/tests/integration`), and so their payload roots, run directories, batches and
 weights, on a FUSE network filesystem: sshfs over loopback, mounted once for the session
 by `tests/netmount/mount.sh` (with sshfs's caches, or without) and taken down by
 `umount.sh` at the end. Where it cannot be mounted (not root, no /dev/fuse, no package),
@@ -34,7 +34,12 @@ NETMOUNT_ENV = "ORCH_TEST_NETMOUNT"
 NETMOUNT_MODES = ("cache", "nocache")
 NETMOUNT_SCRIPTS = REPO / "tests" / "netmount"
 # The test directories whose `tmp_path` the mode moves onto the mount.
-NETMOUNT_SUITES = ("tests/integration", "tests/fault", "tests/netmount", "gc/tests/integration")
+NETMOUNT_SUITES = (
+    "tests/integration",
+    "tests/fault",
+    "tests/netmount",
+    "payload-gc/tests/integration",
+)
 #: The modules whose outcome can depend on the filesystem under the run (marked
 #: `shared_fs`; `make test-netmount` runs only these, with `pytest -m shared_fs`):
 #: they write, read, rename, fsync, list or delete payload files, batches or weights
@@ -45,7 +50,7 @@ SHARED_FS_MODULES = frozenset(
     {
         # The collector: listing, deleting, busy files, symbolic links, mounts, the wipe.
         *(
-            f"gc/tests/integration/test_{name}.py"
+            f"payload-gc/tests/integration/test_{name}.py"
             for name in (
                 "async_loop",
                 "bind_mounts",

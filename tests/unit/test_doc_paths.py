@@ -3,7 +3,7 @@
 A path such as ``orchestrator/core/payload_refs.py`` or ``payload_gc/_plan.py`` written
 into a comment outlives the module when it moves; this test finds such citations in the
 sources, tests, benchmarks and documents, and names each one whose file is gone. Paths
-are cited from the repository's root (``payload_gc/...`` also from ``gc/``), optionally
+are cited from the repository's root (``payload_gc/...`` also from ``payload-gc/``), optionally
 followed by ``:<line>``.
 """
 
@@ -24,7 +24,9 @@ SUFFIXES = frozenset({".py", ".md", ".toml"})
 # A path starts a word (not the tail of a longer path such as /tmp/x/orchestrator/a.py)
 # and is spelled with word characters, dots, dashes and slashes only, so that a pattern
 # such as `orchestrator/payload/_*.py` is no citation.
-_CITATION = re.compile(r"(?<![\w/.-])((?:gc/)?payload_gc|orchestrator)(/[\w./-]*?)?/[\w.-]+\.py\b")
+_CITATION = re.compile(
+    r"(?<![\w/.-])((?:payload-gc/)?payload_gc|orchestrator)(/[\w./-]*?)?/[\w.-]+\.py\b"
+)
 
 
 def scanned_files() -> Iterator[Path]:
@@ -49,20 +51,21 @@ def cited_paths(text: str) -> Iterator[tuple[int, str]]:
 def exists(cited: str) -> bool:
     """Whether the cited path names a file of the repository."""
     if cited.startswith("payload_gc/"):
-        cited = f"gc/{cited}"
+        cited = f"payload-gc/{cited}"
     return (REPO / cited).is_file()
 
 
 def test_the_citation_pattern() -> None:
     text = (
         "see orchestrator/core/payload_refs.py:31 and `payload_gc/_plan.py`,\n"
-        "(gc/payload_gc/_busy.py) but not /tmp/orchestrator/a.py, orchestrator/payload/_*.py\n"
+        "(payload-gc/payload_gc/_busy.py) but not /tmp/orchestrator/a.py, "
+        "orchestrator/payload/_*.py\n"
         "nor orchestrator.json or orchestrator/handoff/primerl/\n"
     )
     assert list(cited_paths(text)) == [
         (1, "orchestrator/core/payload_refs.py"),
         (1, "payload_gc/_plan.py"),
-        (2, "gc/payload_gc/_busy.py"),
+        (2, "payload-gc/payload_gc/_busy.py"),
     ]
     assert exists("orchestrator/core/payload_refs.py")
     assert exists("payload_gc/_plan.py")

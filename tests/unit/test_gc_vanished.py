@@ -1,6 +1,6 @@
 """The payload readers on a file that vanished (`is_vanished`: `ENOENT`, or on NFS and
 FUSE mounts `ESTALE`, "Stale file handle"): missing, never a crash. payload_gc's own side
-of it (the collection, file removal, the lock) is gc/tests/unit/test_vanished.py.
+of it (the collection, file removal, the lock) is payload-gc/tests/unit/test_vanished.py.
 """
 
 from __future__ import annotations

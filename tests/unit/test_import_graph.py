@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = {"orchestrator": ROOT / "orchestrator", "payload_gc": ROOT / "gc" / "payload_gc"}
+SOURCES = {"orchestrator": ROOT / "orchestrator", "payload_gc": ROOT / "payload-gc" / "payload_gc"}
 
 
 def module_files() -> dict[str, Path]:

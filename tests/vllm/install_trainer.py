@@ -1,5 +1,5 @@
 """Install the reference trainer (`orchestrator-trainer`) and what it imports (the clone's
-`gc/`, the orchestrator, `trainer/`) into the real-vLLM stage's venv, as a user installs
+`payload-gc/`, the orchestrator, `trainer/`) into the real-vLLM stage's venv, as a user installs
 it beside vLLM, and pytest for its tests:
 
     python3 tests/vllm/install_trainer.py VENV_PYTHON
@@ -20,7 +20,7 @@ from pathlib import Path
 from vllm_env import installer
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCAL = (ROOT / "gc", ROOT, ROOT / "trainer")
+LOCAL = (ROOT / "payload-gc", ROOT, ROOT / "trainer")
 TEST_TOOLS = ("pytest", "pytest-trio")
 
 

@@ -1,7 +1,7 @@
 """Mount identities: equal on the root's mount, different across a bind mount of the
 same filesystem, links never followed, and the fallbacks agree with each other. These
 test payload_gc/_mounts.py itself: its fallbacks (no `statx`, no /proc) have no public face.
-What a collection does with them: gc/tests/integration/test_bind_mounts.py.
+What a collection does with them: payload-gc/tests/integration/test_bind_mounts.py.
 
 The bind-mount tests need root (`mount --bind`); they skip with the reason otherwise,
 and always unmount in teardown.
