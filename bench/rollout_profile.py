@@ -74,7 +74,13 @@ def _stage(name: str, *functions: str, minus: tuple[Stage, ...] = ()) -> Stage:
 PROMPT = _stage("prompt: chat template and tokens", "dataset_env.py:prompt", "plugin_env.py:prompt")
 HTTP = _stage("request, send and receive (HTTP/1.1)", "inference/client.py:post_generate")
 PARSE = _stage("reply: parse, logprobs, segment checks", "wire/generate.py:parse_generate_response")
-FILES = _stage("payload files checked on disk", "daemon/rollout_finisher.py:check_files")
+# A stage names its functions as every compared revision has them (the finisher was the
+# dispatcher's until 27e6282).
+FILES = _stage(
+    "payload files checked on disk",
+    "daemon/rollout_finisher.py:check_files",
+    "daemon/dispatcher.py:_check_files",
+)
 REWARD = _stage("reward: round trip to the worker", "tasks/reward_pool.py:score")
 SAMPLE = _stage("sample build (stitch, arrays)", "core/samples.py:build_sample")
 NESTED = (PROMPT, HTTP, PARSE, FILES, REWARD, SAMPLE)
@@ -86,6 +92,7 @@ STAGES: tuple[Stage, ...] = (
         "daemon/dispatcher.py:_run_group",
         "daemon/dispatcher.py:_run_member",
         "daemon/rollout_finisher.py:finish",
+        "daemon/dispatcher.py:finish",
         minus=NESTED,
     ),
     _stage("batches: sink and shipping", "daemon/admission.py:serve", "daemon/shipper.py:serve"),
@@ -126,14 +133,21 @@ class Breakdown:
 
 
 def inclusive(stats: pstats.Stats, functions: frozenset[Function]) -> float:
+    """The time in `functions` and what they call, each second once: a matching function
+    called by another (a task's local function calling a method of the same name) is
+    counted in its caller's time, not again."""
     raw = stats.stats  # type: ignore[attr-defined]
-    return float(
-        sum(
-            ct
-            for (filename, _line, function), (_cc, _nc, _tt, ct, _callers) in raw.items()
-            if any(filename.endswith(path) and function == name for path, name in functions)
-        )
-    )
+
+    def matches(key: tuple[str, int, str]) -> bool:
+        filename, _line, function = key
+        return any(filename.endswith(path) and function == name for path, name in functions)
+
+    total = 0.0
+    for key, (_cc, _nc, _tt, ct, callers) in raw.items():
+        if matches(key):
+            nested = sum(edge[3] for caller, edge in callers.items() if matches(caller))
+            total += ct - nested
+    return total
 
 
 def breakdown(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import cast
 
 import attrs
 import numpy as np
@@ -20,7 +21,13 @@ import trio
 
 from orchestrator.config import Config
 from orchestrator.core.arrays import TOKEN_DTYPE
-from orchestrator.core.environments import DrivenEpisode, Episode, Prompt, Sampling
+from orchestrator.core.environments import (
+    DrivenEpisode,
+    Episode,
+    Prompt,
+    Sampling,
+    drives_its_turns,
+)
 from orchestrator.core.refusals import NO_ANSWER_KINDS, REFUSAL_KINDS, RefusalWatch
 from orchestrator.core.turns import TurnOutput
 from orchestrator.daemon.driven_rollouts import DrivenRollouts
@@ -86,19 +93,26 @@ class RolloutRunner:
         payload_dir = self._payload_dir(version) if self._writes_files else None
         tokens = np.asarray(prompt.token_ids, dtype=TOKEN_DTYPE)
         run = RolloutRun(rollout_id, version, payload_dir, tokens, server=server, episode=episode)
-        if isinstance(episode, DrivenEpisode):
+        if drives_its_turns(type(episode)):
             if self._driven is None:
                 return run.fail("environment", "this runner has no model endpoint for driven envs")
-            return await self._driven.run(run, prompt.sampling, episode, stop)
+            return await self._driven.run(run, prompt.sampling, cast(DrivenEpisode, episode), stop)
+        return await self._run_turns(run, prompt.sampling, cast(Episode, episode), stop)
+
+    async def _run_turns(
+        self, run: RolloutRun, sampling: Sampling, episode: Episode, stop: trio.Event
+    ) -> RolloutRun:
+        """The daemon's own turns of `run`, each reply from `episode`, until it ends."""
+        rollout_id, server = run.rollout_id, run.server
         # Delta replay: each turn asks for routing rows from where the previous turn's
         # rows ended (its last sampled token was never run forward), never for rows the
         # rollout already holds.
         routing_start = 0
-        for turn_index in range(prompt.sampling.max_turns):
+        for turn_index in range(sampling.max_turns):
             if stop.is_set():
                 return run.fail("stopped", "stopped: the group can no longer ship")
             try:
-                turn = await self._turn(run, turn_index, prompt.sampling, routing_start, stop)
+                turn = await self._turn(run, turn_index, sampling, routing_start, stop)
             except InferenceFailure as failure:
                 return run.fail(failure.kind, str(failure))
             run.turns.append((len(run.tokens), turn))
