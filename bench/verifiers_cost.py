@@ -440,9 +440,8 @@ def report(results: list[Result], load: float) -> str:
             "loop's passes that ran only the benchmark's own tasks, nearly all the 10 ms "
             "timer's ticks (a cost of wall time, not of rollouts), which `without the timer` "
             "leaves out. `env CPU s`: the environment's processes and every process under "
-            "them (the verifiers worker and its per-episode programs, and the reward workers "
-            "the daemon starts though the env has no reward functions, idle; the reward worker) "
-            "over the same span; `of which worker`: the verifiers worker's own, the rest its "
+            "them (the verifiers worker and its per-episode programs; the dataset env's "
+            "reward worker) over the same span; `of which worker`: the verifiers worker's own, the rest its "
             "programs. The lag is the overshoot of that 10 ms timer, its worst and its 99th "
             "percentile.",
             "",
