@@ -441,9 +441,9 @@ def report(results: list[Result], load: float) -> str:
             "timer's ticks (a cost of wall time, not of rollouts), which `without the timer` "
             "leaves out. `env CPU s`: the environment's processes and every process under "
             "them (the verifiers worker and its per-episode programs; the dataset env's "
-            "reward worker) over the same span; `of which worker`: the verifiers worker's own, the rest its "
-            "programs. The lag is the overshoot of that 10 ms timer, its worst and its 99th "
-            "percentile.",
+            "reward worker) over the same span; `of which worker`: the verifiers worker's "
+            "own, the rest its programs. The lag is the overshoot of that 10 ms timer, its "
+            "worst and its 99th percentile.",
             "",
             "| workload | steps | rollouts (completed) | wall s | daemon CPU s | of which loop | "
             "of which the lag timer | rollouts / daemon CPU s | without the timer | "
