@@ -84,6 +84,8 @@ class EvalSample:
     reward: float | None = None
     completion_tokens: int = 0
     failed: str | None = None
+    #: The environment's own metrics of this rollout (a verifiers rubric's), by name.
+    metrics: Mapping[str, float] = attrs.field(factory=dict)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -115,6 +117,9 @@ class EnvEvalResult:
     versions: tuple[int, ...]
     failures: Mapping[str, int] = attrs.field(factory=dict)
     skipped_prompts: int = 0
+    #: The mean of each metric the environment reported, over the scored samples that
+    #: reported it.
+    metrics: Mapping[str, float] = attrs.field(factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -130,6 +135,7 @@ class EnvEvalResult:
             "completion_tokens_max": self.completion_tokens_max,
             "versions": list(self.versions),
             "failures": dict(self.failures),
+            "metrics": {name: _rounded(mean) for name, mean in self.metrics.items()},
         }
 
 
@@ -162,6 +168,7 @@ def summarize(
         versions=tuple(sorted({s.version for s in samples})),
         failures=dict(sorted(failures.items())),
         skipped_prompts=skipped_prompts,
+        metrics=_metric_means(scored),
     )
 
 
@@ -173,6 +180,16 @@ def _pass_at(groups: Iterable[list[float]], n: int) -> dict[int, float] | None:
         k: sum(pass_at_k(n, int(sum(rewards)), k) for rewards in complete) / len(complete)
         for k in pass_ks(n)
     }
+
+
+def _metric_means(samples: Sequence[EvalSample]) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    counts: Counter[str] = Counter()
+    for sample in samples:
+        for name, value in sample.metrics.items():
+            sums[name] = sums.get(name, 0.0) + value
+            counts[name] += 1
+    return {name: sums[name] / counts[name] for name in sorted(counts)}
 
 
 def _rounded(value: float | None) -> float | None:

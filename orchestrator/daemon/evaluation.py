@@ -246,7 +246,9 @@ class Evaluator:
             log.debug("eval reward failed", rollout=rollout_id, kind=exc.kind)
             return
         evaluation.rollouts["scored"] += 1
-        samples.append(EvalSample(example, run.version, reward, completion_tokens))
+        samples.append(
+            EvalSample(example, run.version, reward, completion_tokens, metrics=run.metrics)
+        )
 
 
 def _round(value: float | None) -> float | None:

@@ -95,6 +95,8 @@ async def test_a_verifiers_environment_trains_by_handle_and_another_is_evaluated
     assert set(result["pass_at"]) == {"1", "2"}
     assert 0 <= result["pass_at"]["1"] <= result["pass_at"]["2"] <= 1
     assert 0 <= result["reward_mean"] <= 1
+    # The environment's own metric (vf_twoturn's `first_correct`), averaged.
+    assert 0 <= result["metrics"]["first_correct"] <= 1
     # Both turns' completions count: at most max_tokens each.
     assert 2 <= result["completion_tokens_max"] <= 2 * EVAL_MAX_TOKENS
     evaluation = state.evaluation

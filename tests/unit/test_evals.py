@@ -125,6 +125,19 @@ def test_summarize_reports_rewards_pass_at_k_lengths_versions_and_failures() -> 
     assert line["pass_at"] == {"1": 0.25, "2": 0.5} and line["skipped_prompts"] == 1
 
 
+def test_the_environments_metrics_are_averaged_over_the_scored_samples_reporting_them() -> None:
+    samples = [
+        EvalSample(0, 1, 1.0, 3, metrics={"turns": 2.0, "chars": 4.0}),
+        EvalSample(0, 1, 0.0, 3, metrics={"turns": 1.0}),
+        EvalSample(1, 1, failed="timeout", metrics={"turns": 9.0}),
+        EvalSample(1, 1, 0.0, 3),
+    ]
+    result = summarize("vf", samples, rollouts_per_example=2)
+    assert result.metrics == {"chars": 4.0, "turns": 1.5}
+    assert result.to_json()["metrics"] == {"chars": 4.0, "turns": 1.5}
+    assert summarize("plain", samples[3:], rollouts_per_example=1).to_json()["metrics"] == {}
+
+
 def test_pass_at_k_is_left_out_where_rewards_are_not_zero_or_one() -> None:
     samples = [EvalSample(0, 1, 0.5, 3), EvalSample(0, 1, 1.0, 3)]
     assert summarize("chat", samples, rollouts_per_example=2).pass_at is None

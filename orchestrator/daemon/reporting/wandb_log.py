@@ -52,6 +52,8 @@ def eval_metrics(line: Mapping[str, Any]) -> dict[str, float]:
                 out[f"eval/{env}/{key}"] = result[key]
         for k, value in (result.get("pass_at") or {}).items():
             out[f"eval/{env}/pass@{k}"] = value
+        for name, value in (result.get("metrics") or {}).items():
+            out[f"eval/{env}/metrics/{name}"] = value
     return out
 
 
