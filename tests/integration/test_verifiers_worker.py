@@ -57,7 +57,6 @@ class Host:
     portal: TrioPortal
     fake: FakeGenerate
     arith: VerifiersEnvironment
-    twoturn: VerifiersEnvironment
     tokenizer: ChatTokenizer
 
 
@@ -86,19 +85,35 @@ def host() -> Iterator[Host]:
     tokenizer = ChatTokenizer.load(MODEL)
 
     @asynccontextmanager
-    async def open_host() -> AsyncIterator[tuple[FakeGenerate, VerifiersEnvironment, ...]]:
+    async def open_host() -> AsyncIterator[tuple[FakeGenerate, VerifiersEnvironment]]:
         async with open_fake_generate(sample=answering(tokenizer)) as fake:
             arith = environment("arith", "vf-arith", 1, {"taskset": {"count": 12}})
-            twoturn = environment("twoturn", "vf-twoturn", 2)
-            async with open_verifiers_environments([arith, twoturn]):
-                yield fake, arith, twoturn
+            async with open_verifiers_environments([arith]):
+                yield fake, arith
 
     with pytest.MonkeyPatch.context() as patch:
         # The worker's PYTHONPATH is this process's: the demo's packages importable.
         patch.setenv("PYTHONPATH", str(DEMO_ENVS))
         with TrioPortal() as portal:
-            fake, arith, twoturn = portal.enter(open_host)
-            yield Host(portal, fake, arith, twoturn, tokenizer)
+            fake, arith = portal.enter(open_host)
+            yield Host(portal, fake, arith, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def twoturn(host: Host) -> Iterator[VerifiersEnvironment]:
+    """vf-twoturn on the host's portal and endpoint: its own fixture, so that only the
+    test process (xdist worker) that runs a test of it starts its worker (each start
+    imports verifiers, seconds of CPU)."""
+
+    @asynccontextmanager
+    async def open_twoturn() -> AsyncIterator[VerifiersEnvironment]:
+        env = environment("twoturn", "vf-twoturn", 2)
+        async with open_verifiers_environments([env]):
+            yield env
+
+    # Started under the host's PYTHONPATH (its fixture holds it for the module), and
+    # stopped with the host's portal.
+    yield host.portal.enter(open_twoturn)
 
 
 def drive(host: Host, env: VerifiersEnvironment, index: int, rollout: str) -> Driven:
@@ -116,7 +131,6 @@ def test_hello_counts_the_tasks_and_prompts_draw_them_epoch_by_epoch(host: Host)
         "ArithTaskset",
     )
     assert host.arith.hello["verifiers"] == "0.4.0"
-    assert (host.twoturn.hello["env"], host.twoturn.tasks) == ("TwoTurnEnv", 100)
 
     async def prompts() -> list[Any]:
         return [await host.arith.prompt(index) for index in (*range(24), 5)]
@@ -199,9 +213,12 @@ def test_episodes_run_side_by_side_each_with_its_session(host: Host) -> None:
     assert len(sessions) == 3
 
 
-def test_a_multi_turn_episode_reports_each_calls_completion_in_order(host: Host) -> None:
+def test_a_multi_turn_episode_reports_each_calls_completion_in_order(
+    host: Host, twoturn: VerifiersEnvironment
+) -> None:
+    assert (twoturn.hello["env"], twoturn.tasks) == ("TwoTurnEnv", 100)
     fake = host.fake
-    driven = drive(host, host.twoturn, 3, "right-two")
+    driven = drive(host, twoturn, 3, "right-two")
     first, second = fake.calls("right-two")
     sample = answering(host.tokenizer)
     assert driven.completions == (
