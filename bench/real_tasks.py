@@ -25,6 +25,7 @@ after the run against the demo's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -201,6 +203,28 @@ def workload_overrides(kind: str, data: Path) -> list[str]:
     ]
 
 
+@contextlib.contextmanager
+def fleet_and_trainer(run_dir: Path, steps: int, cores: frozenset[int]) -> Iterator[list[str]]:
+    """The workloads' fleet (2 sim-inference servers of SHAPE, a 1,024-token vocabulary)
+    and the sim trainer, on `cores`, for a run of `steps` in `run_dir`: yields the
+    daemon's `--set`s for them."""
+    with sim_servers(2, SHAPE, cores, extra=["--vocab-size=1024"]) as urls:
+        overrides = [
+            *run_overrides(run_dir, urls, SHAPE, []),
+            f"max_steps={steps}",
+            "sim.vocab_size=1024",
+            "payload.fsync=false",
+        ]
+        trainer = [
+            f'run_dir="{run_dir}"',
+            f"max_steps={steps}",
+            "sim.train_time_s=0.05",
+            "trainer.poll_interval_s=0.05",
+        ]
+        with sim_trainer(trainer, cores, run_dir.with_name(f"{run_dir.name}-trainer.log")):
+            yield overrides
+
+
 def run_one(
     kind: str,
     steps: int,
@@ -214,24 +238,9 @@ def run_one(
     else the daemon runs on its own core. `profiler`: see `measure`."""
     cores = plan_cores()
     config_file = SIM if kind.startswith("toy") else DEMO
-    flags = ["--vocab-size=1024"]
-    with sim_servers(2, SHAPE, cores.fleet, extra=flags) as urls:
-        run_dir = base / kind
-        overrides = [
-            *run_overrides(run_dir, urls, SHAPE, []),
-            f"max_steps={steps}",
-            "sim.vocab_size=1024",
-            "payload.fsync=false",
-            *workload_overrides(kind, data),
-        ]
-        trainer = [
-            f'run_dir="{run_dir}"',
-            f"max_steps={steps}",
-            "sim.train_time_s=0.05",
-            "trainer.poll_interval_s=0.05",
-        ]
-        with sim_trainer(trainer, cores.fleet, run_dir.with_name(f"{run_dir.name}-trainer.log")):
-            result = trio.run(measure, kind, load_config(config_file, overrides), profiler)
+    with fleet_and_trainer(base / kind, steps, cores.fleet) as overrides:
+        config = load_config(config_file, [*overrides, *workload_overrides(kind, data)])
+        result = trio.run(measure, kind, config, profiler)
     if every_core:
         return attrs.evolve(result, cores=str(len(cores.daemon | cores.fleet) or "all"))
     return result

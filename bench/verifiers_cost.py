@@ -53,18 +53,14 @@ import attrs
 import trio
 from _arith_rewards import REWARDS
 from _report import git_revision, machine, write_section
-from real_tasks import LAG_TICK_S, lag_monitor, percentile
+from real_tasks import LAG_TICK_S, fleet_and_trainer, lag_monitor, percentile
 from system_fleet import (
     CorePlan,
-    ModelShape,
     cpu_seconds,
     pin_self,
     plan_cores,
     quiet_daemon_logs,
-    run_overrides,
     running_daemon,
-    sim_servers,
-    sim_trainer,
     stamp,
 )
 
@@ -75,7 +71,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "verifiers.toml"
 ENV_PACKAGES = ROOT / "demo" / "verifiers_envs"
 MODEL = ROOT / "demo" / "model"
-SHAPE = ModelShape()
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: How often the verifiers worker's own CPU is read during a run (its last reading
 #: before it exits splits the environment's CPU into the worker's and its programs').
@@ -363,26 +358,10 @@ def dataset_env(env: EnvConfig, rows: Path, system_prompt: str) -> str:
 
 def run_one(kind: str, steps: int, base: Path, dataset: list[str], cores: CorePlan) -> Result:
     """One workload: `dataset` is [] for the verifiers env, else the `--set`s that make it
-    the dataset env. `cores`: the plan made before this process was pinned (made after,
-    it would find one core and pin nothing)."""
-    with sim_servers(2, SHAPE, cores.fleet, extra=["--vocab-size=1024"]) as urls:
-        run_dir = base / kind
-        overrides = [
-            *run_overrides(run_dir, urls, SHAPE, []),
-            f"max_steps={steps}",
-            "sim.vocab_size=1024",
-            "payload.fsync=false",
-            *dataset,
-        ]
-        trainer = [
-            f'run_dir="{run_dir}"',
-            f"max_steps={steps}",
-            "sim.train_time_s=0.05",
-            "trainer.poll_interval_s=0.05",
-        ]
-        with sim_trainer(trainer, cores.fleet, run_dir.with_name(f"{run_dir.name}-trainer.log")):
-            config = load_config(CONFIG, overrides)
-            return trio.run(measure, kind, steps, config, cores.fleet)
+    the dataset env; on bench/real_tasks.py's fleet and trainer."""
+    with fleet_and_trainer(base / kind, steps, cores.fleet) as overrides:
+        config = load_config(CONFIG, [*overrides, *dataset])
+        return trio.run(measure, kind, steps, config, cores.fleet)
 
 
 def report(results: list[Result], load: float) -> str:
