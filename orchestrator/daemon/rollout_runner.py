@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import cast
 
 import attrs
+import msgspec
 import numpy as np
 import structlog
 import trio
@@ -40,7 +41,12 @@ from orchestrator.daemon.rejections import Rejections
 from orchestrator.daemon.rollout_run import RolloutRun
 from orchestrator.daemon.run_state import RunState
 from orchestrator.payload import RoutingShape, version_dir
-from orchestrator.wire import InferenceFailure, build_generate_request, parse_generate_response
+from orchestrator.wire import (
+    InferenceFailure,
+    build_generate_request,
+    encoded_token_ids,
+    parse_generate_response,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +73,9 @@ class RolloutRunner:
     _writes_files: bool = attrs.field(init=False)
     # Rollouts whose environment drives their turns (through `desk`).
     _driven: DrivenRollouts | None = attrs.field(default=None, init=False)
+    # The last prompt's ids and their JSON: a group's members start one after the other
+    # and send the same first prompt, which is encoded once for them all.
+    _last_prompt_json: tuple[np.ndarray, msgspec.Raw] | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         config = self.config
@@ -147,7 +156,7 @@ class RolloutRunner:
         body = encode_generate_request(
             build_generate_request(
                 request_id=f"{run.rollout_id}-t{turn_index}",
-                token_ids=run.tokens,
+                token_ids=self._token_ids_json(run.tokens),
                 sampling=sampling,
                 seed=_seed(config.seed, run.rollout_id, turn_index),
                 payload_dir=run.payload_dir,
@@ -158,6 +167,16 @@ class RolloutRunner:
         return await self._request_turn(
             run.server, body, len(run.tokens), routing_start, run.payload_dir, stop
         )
+
+    def _token_ids_json(self, tokens: np.ndarray) -> msgspec.Raw:
+        """`tokens` as JSON, from the last prompt's when they are the same array (a
+        group's first turn; held here, so never another array at a reused address)."""
+        last = self._last_prompt_json
+        if last is not None and last[0] is tokens:
+            return last[1]
+        encoded = encoded_token_ids(tokens)
+        self._last_prompt_json = (tokens, encoded)
+        return encoded
 
     def _payload_dir(self, version: int) -> Path:
         if self._last_payload_dir is None or self._last_payload_dir[0] != version:

@@ -8,6 +8,7 @@ from orchestrator.wire.generate import (
     SAMPLING_KEYS,
     InferenceFailure,
     build_generate_request,
+    encoded_token_ids,
     parse_generate_response,
 )
 from orchestrator.wire.weight_updates import (
@@ -44,6 +45,7 @@ __all__ = [
     "WeightUpdate",
     "WeightUpdatePlan",
     "build_generate_request",
+    "encoded_token_ids",
     "error_body",
     "moe_reload_refusal",
     "parse_generate_response",

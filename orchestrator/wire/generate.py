@@ -75,10 +75,17 @@ class InferenceFailure(Exception):
         return self.kind in {"connect", "transport", "timeout", "http_5xx"}
 
 
+def encoded_token_ids(token_ids: Sequence[int] | np.ndarray) -> msgspec.Raw:
+    """`token_ids` as the JSON a request carries them in, encoded once: the members of a
+    group send the same prompt, and a 4,000-token prompt's ids take about 90 µs to turn
+    into Python ints and JSON (`build_generate_request` takes the result as it is)."""
+    return msgspec.Raw(msgspec.json.encode(np.asarray(token_ids).tolist()))
+
+
 def build_generate_request(
     *,
     request_id: str,
-    token_ids: Sequence[int] | np.ndarray,
+    token_ids: Sequence[int] | np.ndarray | msgspec.Raw,
     seed: int,
     payload_dir: Path | None,
     routing_start: int | None,
@@ -115,7 +122,9 @@ def build_generate_request(
     body: dict[str, Any] = {"request_id": request_id}
     if model:
         body["model"] = model
-    body["token_ids"] = np.asarray(token_ids).tolist()
+    # Raw JSON (`encoded_token_ids`) goes out as it is: only msgspec encodes such a body.
+    raw = isinstance(token_ids, msgspec.Raw)
+    body["token_ids"] = token_ids if raw else np.asarray(token_ids).tolist()
     body["sampling_params"] = sampling_params
     return body
 

@@ -23,13 +23,14 @@ import pytest
 from payload_gc import PayloadRootFiles
 
 from orchestrator.core.turns import TurnOutput
-from orchestrator.daemon.inference.client import check_turn_files
+from orchestrator.daemon.inference.client import check_turn_files, encode_generate_request
 from orchestrator.payload import PayloadSegment, RoutingShape, write_payload_file
 from orchestrator.wire import (
     REQUEST_KEYS,
     SAMPLING_KEYS,
     InferenceFailure,
     build_generate_request,
+    encoded_token_ids,
     parse_generate_response,
 )
 
@@ -247,6 +248,16 @@ def test_requests_hold_only_vllm_keys(
     assert sampling["max_tokens"] == 6 and sampling["seed"] == 11
     # The sampled token's logprob is asked for: without it vLLM sends no logprobs.
     assert sampling["logprobs"] == 1
+
+
+def test_ids_encoded_once_give_the_same_request_bytes() -> None:
+    # A group's members share their first prompt's JSON (`encoded_token_ids`): the bytes
+    # sent must be those of the ids given as they are, whatever form they came in.
+    ids = np.array([0, 7, 151_643, 2**31 - 1], dtype=np.int32)
+    plain = encode_generate_request(request(token_ids=ids))
+    assert encode_generate_request(request(token_ids=encoded_token_ids(ids))) == plain
+    assert encode_generate_request(request(token_ids=ids.tolist())) == plain
+    assert json.loads(plain)["token_ids"] == ids.tolist()
 
 
 def test_routing_start_is_sent_only_when_routing_is_wanted() -> None:
