@@ -74,9 +74,13 @@ def faulty_config(run_dir: Path, *overrides: str) -> Config:
         f"staleness.max_off_policy_steps={M}",
         *FAULTS,
         # Hangs time out quickly; enough retries that a turn rarely fails for good.
-        "inference.request_timeout_s=1.0",
+        "inference.request_timeout_s=0.5",
         "inference.retries=5",
         "inference.retry_backoff_s=0.05",
+        # Half the demo's batches and rollouts in flight (16, 32): still hundreds of
+        # requests, each kind of fault within every server's first 15.
+        "batch.size=8",
+        "inference.max_inflight=16",
     )
 
 

@@ -85,6 +85,10 @@ def daemon_config(arena: Arena, urls: list[str], *overrides: str) -> Config:
             "inference.retry_backoff_s=0.01",
             "sim.train_time_s=0.02",
             "trainer.poll_interval_s=0.1",
+            # Half the demo's batches and rollouts in flight (16, 32): the hostile server
+            # still answers many rollouts of every step, the honest one fills the batches.
+            "batch.size=8",
+            "inference.max_inflight=16",
             # The model both servers run (SimInferenceConfig's default model).
             "payload.layers=48",
             "payload.top_k=8",

@@ -84,6 +84,10 @@ async def run_attack(tmp_path: Path, rewrite: Rewrite) -> RunOutcome:
                 "payload.layers=48",
                 "payload.top_k=8",
                 "payload.num_experts=128",
+                # Half the demo's batches and rollouts in flight (16, 32): the hostile
+                # deployment still answers many of them.
+                "batch.size=8",
+                "inference.max_inflight=16",
             ],
         )
         with trio.fail_after(90):

@@ -37,6 +37,8 @@ def eval_config(run_dir: Path, urls: list[str], *overrides: str) -> Config:
             *demo_paths(run_dir),
             "eval.num_examples=8",
             "eval.rollouts_per_example=2",
+            # Half the demo's training batch (16): the evals beside it are what is checked.
+            "batch.size=8",
             "rewards.workers=2",
             "sim.train_time_s=0.05",
             "trainer.poll_interval_s=0.1",

@@ -32,6 +32,9 @@ def demo_config(run_dir: Path, *overrides: str) -> Config:
         [
             *demo_paths(run_dir),
             "eval.num_examples=8",
+            # Half the demo's batches and rollouts in flight (16, 32): a shorter run.
+            "batch.size=8",
+            "inference.max_inflight=16",
             "rewards.workers=2",
             "sim.train_time_s=0.05",
             "trainer.poll_interval_s=0.1",

@@ -32,6 +32,9 @@ from orchestrator.handoff import (
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "sim.toml"
 STEPS = 3
+#: Samples per batch, and the most rollouts in flight: half the demo's (16, 32), for a
+#: shorter run. Every reply form and mode is exercised by each of its rollouts alike.
+BATCH, INFLIGHT = 8, 16
 
 
 def form_config(run_dir: Path, form: str, mode: str, *overrides: str) -> Config:
@@ -47,6 +50,8 @@ def form_config(run_dir: Path, form: str, mode: str, *overrides: str) -> Config:
             f'sim.reply_form="{form}"',
             f'payload.mode="{mode}"',
             f'inference.weight_update="{weight_update}"',
+            f"batch.size={BATCH}",
+            f"inference.max_inflight={INFLIGHT}",
             *overrides,
         ],
     )
@@ -79,7 +84,7 @@ async def test_each_real_reply_form_trains_with_routing_and_keeps_every_invarian
     assert all(invariant.held is True for invariant in invariants), invariants
     report = json.loads((config.run_dir / "trainer" / "report.json").read_text())
     assert report["violations"] == [] and report["dropped"] == []
-    assert report["samples"] == STEPS * 16
+    assert report["samples"] == STEPS * BATCH
     # The trainer got routing for every position of every sample it trained on (one byte
     # per expert id at least), read from files by handle or decoded inline.
     lengths = [
@@ -175,7 +180,15 @@ async def test_pd_inline_and_by_handle_ship_bitwise_equal_tensors(
     same tokens, routing and masks, dtype and bytes."""
     shipped = {}
     for mode in ("inline", "by_handle"):
-        config = form_config(tmp_path / mode, "prime-rl", mode, "inference.disaggregated=true")
+        config = form_config(
+            tmp_path / mode,
+            "prime-rl",
+            mode,
+            "inference.disaggregated=true",
+            # The demo's batches: enough rollouts that both runs ship at least 8 alike.
+            "batch.size=16",
+            "inference.max_inflight=32",
+        )
         with monkeypatch.context() as patch:
             samples = record_shipped_arrays(patch)
             with trio.fail_after(120):

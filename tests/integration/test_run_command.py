@@ -36,8 +36,11 @@ def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
 def test_sigterm_stops_gracefully_and_a_restart_finishes_the_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     batches = run_dir / "batches"
+    # The demo's evals (at the base model and the last version) with 16 samples, not 128:
+    # the stop and the restart are what is checked here.
+    evals = ("eval.num_examples=8", "eval.rollouts_per_example=2")
     process = subprocess.Popen(
-        run_command(run_dir, "max_steps=6", "sim.train_time_s=0.3"),
+        run_command(run_dir, "max_steps=6", "sim.train_time_s=0.3", *evals),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -57,7 +60,7 @@ def test_sigterm_stops_gracefully_and_a_restart_finishes_the_run(tmp_path: Path)
 
     summary = tmp_path / "summary.json"
     finished = subprocess.run(
-        [*run_command(run_dir, "max_steps=6"), "--summary-json", str(summary)],
+        [*run_command(run_dir, "max_steps=6", *evals), "--summary-json", str(summary)],
         capture_output=True,
         timeout=120,
         check=False,

@@ -90,6 +90,17 @@ SHARED_FS_MODULES = frozenset(
         "tests/netmount/test_shared_weights.py",
     }
 )
+#: The modules whose tests run before the other `slow` ones, in this order. xdist's
+#: `worksteal` hands each worker a contiguous share of the collection and steals from the
+#: tail of a queue, so the first tests always run first, on the first worker:
+#: test_verifiers_worker.py's module-scoped verifiers workers (seconds of CPU each start) are
+#: then started by that one process, not by both; and the longest tests start early rather
+#: than keep one worker busy at the end while the other has nothing left to take.
+FIRST_MODULES = (
+    "tests/integration/test_verifiers_worker.py",
+    "tests/fault/test_crash_resume.py",
+    "tests/integration/test_verifiers_run.py",
+)
 # Installing sshfs and openssh-server on a fresh machine takes a while.
 _MOUNT_DEADLINE_S = 600
 
@@ -116,16 +127,26 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests of `SHARED_FS_MODULES` `shared_fs`, and run the `slow` ones first.
+    """Mark the tests of `SHARED_FS_MODULES` `shared_fs`, and run the `slow` ones first,
+    those of `FIRST_MODULES` before the rest.
 
     In worker processes (`-n auto`) a long test taken last keeps one worker busy while the
     others have nothing left to take: started first, the short tests fill in around it.
     The order within each group stays the collection's.
     """
+    first: dict[pytest.Item, int] = {}
     for item in items:
-        if _in_repo(item.path) in SHARED_FS_MODULES:
+        module = _in_repo(item.path)
+        if module in SHARED_FS_MODULES:
             item.add_marker(pytest.mark.shared_fs)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        if module in FIRST_MODULES:
+            first[item] = FIRST_MODULES.index(module)
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("slow") is None,
+            first.get(item, len(FIRST_MODULES)),
+        )
+    )
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
