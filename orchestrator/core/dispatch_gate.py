@@ -25,6 +25,9 @@ class Pipe:
     limit: int  # the in-flight limit in force (rollouts)
     min_allowance: int = 0  # the adaptive limit's hold
     ending: bool = False  # stopping, or every batch shipped
+    # The batches the run has still to fill, the one being filled included (None: the run
+    # has no last step).
+    batches_left: int | None = None
 
 
 @attrs.frozen
@@ -45,7 +48,9 @@ class DispatchGate:
           dispatched now can still go into fresh: those the gate allows to fill
           (`a + 1`), and no more than `allowance + 1` (with `m = a` and shipping at the
           gate's furthest, only the batch being filled): anything beyond would only grow
-          stale.
+          stale; and no more than the batches the run has left: at its end, anything
+          beyond would only be stopped (a group discarded reopens the gate, so the last
+          batch still fills).
         """
         staleness = self.staleness
         if pipe.ending or not staleness.may_ship(pipe.next_step, pipe.applied_version):
@@ -56,6 +61,8 @@ class DispatchGate:
         if not self.enough_allowance(allowance, pipe.min_allowance):
             return False
         fresh_batches = min(staleness.batches_in_flight, allowance + 1)
+        if pipe.batches_left is not None:
+            fresh_batches = min(fresh_batches, pipe.batches_left)
         return pipe.queued_samples + pipe.inflight_rollouts < self.batch_size * fresh_batches
 
     def enough_allowance(self, allowance: int, min_allowance: int) -> bool:

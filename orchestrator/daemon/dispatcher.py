@@ -128,15 +128,19 @@ class Dispatcher:
 
     def _may_start(self) -> bool:
         state = self.state
+        shipping = state.shipping
         pipe = Pipe(
             applied_version=state.versions.applied,
-            next_step=state.shipping.filling_step,
+            next_step=shipping.filling_step,
             # Eval rollouts take their share of the limit (docs/design.md § Evals).
             inflight_rollouts=state.dispatch.inflight_rollouts + state.evaluation.inflight,
             queued_samples=self.sink.queued_samples,
             limit=state.limits.in_force(self.config.inference.max_inflight),
             min_allowance=state.limits.min_allowance,
             ending=state.training_over,
+            batches_left=shipping.max_steps - shipping.filling_step + 1
+            if shipping.max_steps
+            else None,
         )
         return self._gate.may_start(pipe)
 

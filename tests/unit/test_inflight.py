@@ -254,3 +254,27 @@ def test_work_in_the_pipe_is_bounded_by_the_batches_a_new_group_can_still_go_int
     # Nothing starts once the run is ending, or above the in-flight limit.
     assert not gate.may_start(attrs.evolve(pipe, ending=True))
     assert not gate.may_start(attrs.evolve(pipe, limit=pipe.inflight_rollouts + 3))
+
+
+@pytest.mark.parametrize("batches_left", [1, 2])
+def test_work_in_the_pipe_is_bounded_by_the_batches_the_run_has_left(batches_left: int) -> None:
+    # Caught up with m = a = 2 the gate would take three batches' worth; a run with
+    # `batches_left` batches to go takes only those, and no group beyond them is started
+    # to be stopped when the last batch ships.
+    gate = DispatchGate(Staleness(2, 2), batch_size=16, group_size=4)
+    pipe = Pipe(
+        applied_version=5,
+        next_step=6,
+        inflight_rollouts=16 * batches_left - 1 - 8,
+        queued_samples=8,
+        limit=1000,
+        batches_left=batches_left,
+    )
+    assert gate.may_start(pipe)
+    assert not gate.may_start(attrs.evolve(pipe, inflight_rollouts=pipe.inflight_rollouts + 1))
+    # Without a last step, or with more batches left than the staleness bound allows, the
+    # bound is the staleness rule's.
+    for unbounded in (None, 3, 10):
+        more = attrs.evolve(pipe, batches_left=unbounded, inflight_rollouts=16 * 3 - 1 - 8)
+        assert gate.may_start(more)
+        assert not gate.may_start(attrs.evolve(more, inflight_rollouts=16 * 3 - 8))
