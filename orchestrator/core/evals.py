@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from orchestrator.core.environments import Environment
+from orchestrator.core.rollouts import MetricMeans
 
 
 @attrs.frozen
@@ -183,13 +184,10 @@ def _pass_at(groups: Iterable[list[float]], n: int) -> dict[int, float] | None:
 
 
 def _metric_means(samples: Sequence[EvalSample]) -> dict[str, float]:
-    sums: dict[str, float] = {}
-    counts: Counter[str] = Counter()
+    means = MetricMeans()
     for sample in samples:
-        for name, value in sample.metrics.items():
-            sums[name] = sums.get(name, 0.0) + value
-            counts[name] += 1
-    return {name: sums[name] / counts[name] for name in sorted(counts)}
+        means.add(sample.metrics)
+    return means.means()
 
 
 def _rounded(value: float | None) -> float | None:

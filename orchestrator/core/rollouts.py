@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
@@ -90,6 +91,24 @@ class RolloutResult:
     # What its environment measured besides the reward (an environment that drives its
     # own turns reports them: a verifiers rubric's metrics), by name.
     metrics: Mapping[str, float] = attrs.field(factory=dict)
+
+
+@attrs.define
+class MetricMeans:
+    """Environments' own metrics (`RolloutResult.metrics`) averaged by name, each over
+    the rollouts that reported it: a metric one rollout lacks is not counted as 0."""
+
+    _sums: dict[str, float] = attrs.field(factory=dict)
+    _counts: Counter[str] = attrs.field(factory=Counter)
+
+    def add(self, metrics: Mapping[str, float]) -> None:
+        for name, value in metrics.items():
+            self._sums[name] = self._sums.get(name, 0.0) + value
+            self._counts[name] += 1
+
+    def means(self) -> dict[str, float]:
+        """Each metric's mean, by name in order."""
+        return {name: self._sums[name] / self._counts[name] for name in sorted(self._sums)}
 
 
 @attrs.frozen

@@ -22,7 +22,14 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from orchestrator.core.payload_refs import PayloadRefs
-from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult, Sample, TrainSample
+from orchestrator.core.rollouts import (
+    Discard,
+    GroupResult,
+    MetricMeans,
+    RolloutResult,
+    Sample,
+    TrainSample,
+)
 from orchestrator.core.staleness import Staleness
 
 # Advantages are differences of float means: a group whose rewards are all equal can leave
@@ -178,14 +185,8 @@ class EnvTally:
     reward_sum: float = 0.0
     discards: Counter[str] = attrs.field(factory=Counter)
     shipped: int = 0
-    # The environment's own metrics of the scored rollouts: sums, and how many reported
-    # each (a metric one rollout lacks is not counted as 0 for it).
-    metric_sums: dict[str, float] = attrs.field(factory=dict)
-    metric_counts: Counter[str] = attrs.field(factory=Counter)
-
-    def metric_means(self) -> dict[str, float]:
-        """Each metric's mean over the rollouts that reported it, by name."""
-        return {name: total / self.metric_counts[name] for name, total in self.metric_sums.items()}
+    # The environment's own metrics of the scored rollouts.
+    metrics: MetricMeans = attrs.field(factory=MetricMeans)
 
     @property
     def mean_reward(self) -> float | None:
@@ -293,9 +294,7 @@ class TrainSink:
             if rollout.failed is None:
                 tally.scored += 1
                 tally.reward_sum += rollout.reward
-                for name, value in rollout.metrics.items():
-                    tally.metric_sums[name] = tally.metric_sums.get(name, 0.0) + value
-                    tally.metric_counts[name] += 1
+                tally.metrics.add(rollout.metrics)
         for reason, count in verdict.discards.items():
             self._counters[reason] += count
             if count:

@@ -138,9 +138,7 @@ class Dispatcher:
             limit=state.limits.in_force(self.config.inference.max_inflight),
             min_allowance=state.limits.min_allowance,
             ending=state.training_over,
-            batches_left=shipping.max_steps - shipping.filling_step + 1
-            if shipping.max_steps
-            else None,
+            batches_left=shipping.batches_left,
         )
         return self._gate.may_start(pipe)
 

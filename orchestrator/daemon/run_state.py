@@ -100,6 +100,11 @@ class Shipping:
         return self.max_steps > 0 and self.next_step > self.max_steps
 
     @property
+    def batches_left(self) -> int | None:
+        """The batches still to fill, `filling_step`'s included (None: no last step)."""
+        return self.max_steps - self.filling_step + 1 if self.max_steps else None
+
+    @property
     def last_shipped(self) -> int:
         return self.next_step - 1
 

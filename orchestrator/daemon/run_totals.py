@@ -96,5 +96,5 @@ def _env_totals(tally: EnvTally | None, prompts_skipped: int) -> EnvTotals:
         tally.shipped,
         dict(tally.discards),
         prompts_skipped,
-        tally.metric_means(),
+        tally.metrics.means(),
     )

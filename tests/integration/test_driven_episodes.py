@@ -140,7 +140,7 @@ async def test_a_driven_environment_trains_through_the_daemons_turns(tmp_path: P
     report = json.loads((config.run_dir / "trainer" / "report.json").read_text())
     assert report["steps"] == STEPS and report["violations"] == []
     # The environment's own metrics reach its tally.
-    assert outcome.sink.by_env["tool-like"].metric_means() == {"turns": 2.0}
+    assert outcome.sink.by_env["tool-like"].metrics.means() == {"turns": 2.0}
 
 
 @pytest.mark.parametrize("how", ["rerender", "misrecord"])

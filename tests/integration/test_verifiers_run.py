@@ -69,7 +69,7 @@ async def test_a_verifiers_environment_trains_by_handle_and_another_is_evaluated
     assert state.dispatch.failures["trajectory_mismatch"] == 0
     assert state.dispatch.rollouts["completed"] >= STEPS * 4
     # Its rubric's metric reached the env's tally.
-    assert "reply_chars" in outcome.sink.by_env["vf-arith"].metric_means()
+    assert "reply_chars" in outcome.sink.by_env["vf-arith"].metrics.means()
     batch = read_batch_file(config.batches_dir / f"step_{STEPS:06d}" / BATCH_FILE)
     assert {sample.env for sample in batch.samples} == {"vf-arith"}
     assert all(sample.payload["routed_experts"] for sample in batch.samples)
