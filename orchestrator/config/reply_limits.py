@@ -19,9 +19,13 @@ follows from what a reply in the run's payload mode can hold:
   128k-token turn of a 64-layer top-8 model with more than 256 experts is about 171 MiB
   of base64).
 
-The bound on all replies together defaults to what `max_inflight` replies at the cap
-take, but at most `BUFFERED_REPLY_BYTES` (and never less than one reply at the cap, so a
-reply alone can always be read).
+A group's first turn asks for all its rollouts in one request (`choices`, vLLM's `n`):
+its reply holds that many choices, and the cap counts them all.
+
+The bound on all replies together defaults to what `max_inflight` rollouts' replies at
+the cap take (a reply of `choices` choices counting for that many rollouts), but at most
+`BUFFERED_REPLY_BYTES` (and never less than one reply at the cap, so a reply alone can
+always be read).
 """
 
 from __future__ import annotations
@@ -71,17 +75,19 @@ def derived_max_reply_bytes(
     max_tokens: int,
     max_context_tokens: int,
     model: ModelShape | None,
+    choices: int = 1,
 ) -> int:
     """The per-reply cap for a run's payload mode (pure; see the module docstring).
 
-    `max_tokens` is the completion bound of one request, `max_context_tokens` a bound on
-    its prompt, `model` the shape when the config knows it (the local fleet) or None.
+    `max_tokens` is the completion bound of one choice, `max_context_tokens` a bound on
+    its prompt, `model` the shape when the config knows it (the local fleet) or None,
+    `choices` the most choices one reply holds.
     """
-    tokens = BYTES_PER_TOKEN * max_tokens + REPLY_OVERHEAD
+    tokens = choices * BYTES_PER_TOKEN * max_tokens + REPLY_OVERHEAD
     if by_handle or not fields:
         return tokens
     if model is None:
-        return max(tokens, INLINE_REPLY_BYTES)
+        return max(tokens, choices * INLINE_REPLY_BYTES)
     arrays = 0
     if "routed_experts" in fields:
         positions = max_context_tokens + max_tokens
@@ -90,10 +96,14 @@ def derived_max_reply_bytes(
         arrays += _base64_len(routing)
     if "sampling_mask" in fields:
         arrays += max_tokens * MASK_BYTES_PER_TOKEN
-    return tokens + arrays
+    return tokens + choices * arrays
 
 
-def derived_max_buffered_reply_bytes(*, max_reply_bytes: int, max_inflight: int) -> int:
-    """The bound on bytes buffered across all in-flight replies: `max_inflight` replies
-    at the cap, at most `BUFFERED_REPLY_BYTES`, at least one reply at the cap."""
-    return max(max_reply_bytes, min(max_inflight * max_reply_bytes, BUFFERED_REPLY_BYTES))
+def derived_max_buffered_reply_bytes(
+    *, max_reply_bytes: int, max_inflight: int, choices: int = 1
+) -> int:
+    """The bound on bytes buffered across all in-flight replies: the replies of
+    `max_inflight` rollouts (`choices` to a reply) at the cap, at most
+    `BUFFERED_REPLY_BYTES`, at least one reply at the cap."""
+    replies = -(-max_inflight // choices)
+    return max(max_reply_bytes, min(replies * max_reply_bytes, BUFFERED_REPLY_BYTES))

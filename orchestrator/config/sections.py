@@ -187,6 +187,11 @@ class InferenceConfig:
     # Prefill and decode on different servers behind a router (each URL is a router). With
     # local servers ([sim] inference_servers), each is such a deployment.
     disaggregated: bool = False
+    # A group's first turn as one generate request for all its rollouts
+    # (`sampling_params.n` = group_size; vLLM seeds choice i with the request's seed + i),
+    # not one request each; each rollout's later turns are its own requests. Not with
+    # `disaggregated`, nor for environments that drive their own turns (`group_requests`).
+    group_request: bool = True
     multi_node: bool = False
     # Bytes of one generate reply read before it is refused ("oversized"); 0 derives the
     # cap from the payload mode (Config.max_reply_bytes, orchestrator.config.reply_limits).
@@ -692,6 +697,17 @@ class Config:
         return max([self.sim.max_tokens, *evals])
 
     @property
+    def group_choices(self) -> int:
+        """The choices a group's first request asks for (`sampling_params.n`): the group's
+        size with `inference.group_request`, else 1 (one request per rollout), and 1 behind
+        a disaggregated router, whose prefill reply carries one `kv_transfer_params` for
+        the whole request (vLLM's `RequestOutput`), not one per choice."""
+        inference = self.inference
+        if inference.group_request and not inference.disaggregated:
+            return self.batch.group_size
+        return 1
+
+    @property
     def max_context_tokens(self) -> int:
         """The longest conversation a request may carry: `batch.max_seq_len`, or longer
         for the toy environment's turns."""
@@ -766,8 +782,9 @@ class Config:
     def max_reply_bytes(self) -> int:
         """The most bytes of one generate reply the daemon reads: `inference.max_reply_bytes`,
         or derived from the payload mode, the longest completion and conversation
-        (`max_completion_tokens`, `max_context_tokens`), and the model's routing shape when
-        the config knows it (`routing_shape`; see `orchestrator.config.reply_limits`)."""
+        (`max_completion_tokens`, `max_context_tokens`), the model's routing shape when
+        the config knows it (`routing_shape`) and the choices of a group's request
+        (`group_choices`; see `orchestrator.config.reply_limits`)."""
         if self.inference.max_reply_bytes:
             return self.inference.max_reply_bytes
         shape = self.routing_shape
@@ -778,6 +795,7 @@ class Config:
             max_tokens=self.max_completion_tokens,
             max_context_tokens=self.max_context_tokens,
             model=model,
+            choices=self.group_choices,
         )
 
     @property
@@ -787,7 +805,9 @@ class Config:
         if self.inference.max_buffered_reply_bytes:
             return self.inference.max_buffered_reply_bytes
         return derived_max_buffered_reply_bytes(
-            max_reply_bytes=self.max_reply_bytes, max_inflight=self.inference.max_inflight
+            max_reply_bytes=self.max_reply_bytes,
+            max_inflight=self.inference.max_inflight,
+            choices=self.group_choices,
         )
 
 

@@ -176,9 +176,8 @@ class Dispatcher:
         dispatch.groups[group_id] = group
         try:
             with scope:
-                async with trio.open_nursery() as nursery:
-                    for index in range(size):
-                        nursery.start_soon(self._run_member, runs, index, group, prompt)
+                episodes = [self.environment.episode(prompt) for _ in range(size)]
+                await self._runner.run_group(runs, group_id, prompt, episodes, server, group.stop)
         finally:
             del dispatch.groups[group_id]
             self.pool.unpin(server, size)
@@ -211,14 +210,3 @@ class Dispatcher:
                 dispatched_step=dispatched.step,
             )
         )
-
-    async def _run_member(
-        self,
-        runs: list[RolloutRun | None],
-        index: int,
-        group: InflightGroup,
-        prompt: Prompt,
-    ) -> None:
-        rollout_id = f"{group.group_id}-r{index}"
-        episode = self.environment.episode(prompt)
-        runs[index] = await self._runner.run(rollout_id, prompt, episode, group.server, group.stop)

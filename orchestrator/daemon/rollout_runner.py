@@ -45,7 +45,8 @@ from orchestrator.wire import (
     InferenceFailure,
     build_generate_request,
     encoded_token_ids,
-    parse_generate_response,
+    parse_choice,
+    reply_choices,
 )
 
 log = structlog.get_logger(__name__)
@@ -88,6 +89,54 @@ class RolloutRunner:
         """The payload fields its replies are read for (none without `capture`)."""
         return tuple(self.config.payload.fields) if self.capture else ()
 
+    async def run_group(
+        self,
+        runs: list[RolloutRun | None],
+        group_id: str,
+        prompt: Prompt,
+        episodes: list[Episode | DrivenEpisode],
+        server: str,
+        stop: trio.Event,
+    ) -> None:
+        """The group's rollouts of `prompt` (rollout i's conversation: `episodes[i]`) on
+        `server`, each put in `runs[i]` when it ends. With `config.group_choices` above 1
+        and the daemon driving the turns, the first turn is one request for them all
+        (`sampling_params.n`), and each goes on alone from its own choice."""
+        version = self.state.versions.applied
+        members = [
+            self._new_run(f"{group_id}-r{index}", version, prompt, episode, server)
+            for index, episode in enumerate(episodes)
+        ]
+        firsts: list[TurnOutput | InferenceFailure | None] = [None] * len(members)
+        if self.config.group_choices > 1 and not any(
+            drives_its_turns(type(episode)) for episode in episodes
+        ):
+            firsts = list(await self._first_turns(group_id, members, prompt.sampling, stop))
+        async with trio.open_nursery() as nursery:
+            for index, run in enumerate(members):
+                nursery.start_soon(
+                    self._run_into,
+                    runs,
+                    index,
+                    run,
+                    episodes[index],
+                    prompt.sampling,
+                    firsts[index],
+                    stop,
+                )
+
+    async def _run_into(
+        self,
+        runs: list[RolloutRun | None],
+        index: int,
+        run: RolloutRun,
+        episode: Episode | DrivenEpisode,
+        sampling: Sampling,
+        first: TurnOutput | InferenceFailure | None,
+        stop: trio.Event,
+    ) -> None:
+        runs[index] = await self._go_on(run, episode, sampling, first, stop)
+
     async def run(
         self,
         rollout_id: str,
@@ -98,20 +147,73 @@ class RolloutRunner:
     ) -> RolloutRun:
         """The rollout of `prompt` (its conversation: `episode`) on `server`, tagged with
         the applied version, ended after the request in flight once `stop` is set."""
-        version = self.state.versions.applied
+        run = self._new_run(rollout_id, self.state.versions.applied, prompt, episode, server)
+        return await self._go_on(run, episode, prompt.sampling, None, stop)
+
+    def _new_run(
+        self,
+        rollout_id: str,
+        version: int,
+        prompt: Prompt,
+        episode: Episode | DrivenEpisode,
+        server: str,
+    ) -> RolloutRun:
         payload_dir = self._payload_dir(version) if self._writes_files else None
         tokens = np.asarray(prompt.token_ids, dtype=TOKEN_DTYPE)
-        run = RolloutRun(rollout_id, version, payload_dir, tokens, server=server, episode=episode)
+        return RolloutRun(rollout_id, version, payload_dir, tokens, server=server, episode=episode)
+
+    async def _go_on(
+        self,
+        run: RolloutRun,
+        episode: Episode | DrivenEpisode,
+        sampling: Sampling,
+        first: TurnOutput | InferenceFailure | None,
+        stop: trio.Event,
+    ) -> RolloutRun:
+        """`run` (its conversation: `episode`) to its end, from its first turn when that
+        came already (`first`)."""
         if drives_its_turns(type(episode)):
             if self._driven is None:
                 return run.fail("environment", "this runner has no model endpoint for driven envs")
-            return await self._driven.run(run, prompt.sampling, cast(DrivenEpisode, episode), stop)
-        return await self._run_turns(run, prompt.sampling, cast(Episode, episode), stop)
+            return await self._driven.run(run, sampling, cast(DrivenEpisode, episode), stop)
+        return await self._run_turns(run, sampling, cast(Episode, episode), first, stop)
+
+    async def _first_turns(
+        self, group_id: str, members: list[RolloutRun], sampling: Sampling, stop: trio.Event
+    ) -> list[TurnOutput | InferenceFailure]:
+        """The members' first turns, from one request with a choice for each (choice i is
+        member i's: vLLM answers in index order). A failed request fails them all; a
+        failed choice only its member."""
+        config, lead = self.config, members[0]
+        body = encode_generate_request(
+            build_generate_request(
+                request_id=f"{group_id}-t0",
+                token_ids=self._token_ids_json(lead.tokens),
+                sampling=sampling,
+                seed=_seed(config.seed, group_id, 0),
+                payload_dir=lead.payload_dir,
+                routing_start=0 if "routed_experts" in self.fields else None,
+                model=config.inference.model,
+                choices=len(members),
+            )
+        )
+        try:
+            return await self._request_turns(
+                lead.server, body, len(members), len(lead.tokens), 0, lead.payload_dir, stop
+            )
+        except InferenceFailure as failure:
+            return [failure] * len(members)
 
     async def _run_turns(
-        self, run: RolloutRun, sampling: Sampling, episode: Episode, stop: trio.Event
+        self,
+        run: RolloutRun,
+        sampling: Sampling,
+        episode: Episode,
+        first: TurnOutput | InferenceFailure | None,
+        stop: trio.Event,
     ) -> RolloutRun:
-        """The daemon's own turns of `run`, each reply from `episode`, until it ends."""
+        """The daemon's own turns of `run`, each reply from `episode`, until it ends; its
+        first turn is `first` when that came already."""
         rollout_id, server = run.rollout_id, run.server
         # Delta replay: each turn asks for routing rows from where the previous turn's
         # rows ended (its last sampled token was never run forward), never for rows the
@@ -121,7 +223,10 @@ class RolloutRunner:
             if stop.is_set():
                 return run.fail("stopped", "stopped: the group can no longer ship")
             try:
-                turn = await self._turn(run, turn_index, sampling, routing_start, stop)
+                if turn_index == 0 and first is not None:
+                    turn = _outcome(first)
+                else:
+                    turn = await self._turn(run, turn_index, sampling, routing_start, stop)
             except InferenceFailure as failure:
                 return run.fail(failure.kind, str(failure))
             run.turns.append((len(run.tokens), turn))
@@ -164,9 +269,10 @@ class RolloutRunner:
                 model=config.inference.model,
             )
         )
-        return await self._request_turn(
-            run.server, body, len(run.tokens), routing_start, run.payload_dir, stop
+        outcomes = await self._request_turns(
+            run.server, body, 1, len(run.tokens), routing_start, run.payload_dir, stop
         )
+        return _outcome(outcomes[0])
 
     def _token_ids_json(self, tokens: np.ndarray) -> msgspec.Raw:
         """`tokens` as JSON, from the last prompt's when they are the same array (a
@@ -183,20 +289,24 @@ class RolloutRunner:
             self._last_payload_dir = (version, version_dir(self.config.payload_root, version))
         return self._last_payload_dir[1]
 
-    async def _request_turn(
+    async def _request_turns(
         self,
         server: str,
         body: bytes,
+        choices: int,
         prompt_len: int,
         routing_start: int,
         payload_dir: Path | None,
         stop: trio.Event,
-    ) -> TurnOutput:
-        """One turn, retried on transient failures with exponential backoff.
+    ) -> list[TurnOutput | InferenceFailure]:
+        """One request's `choices` turns, the request retried on transient failures with
+        exponential backoff.
 
         Each attempt has its own deadline. A reply that cannot be read is not asked for
         again: the same server would answer the same way (the rejection is logged at
-        once with its reason). Raises the last `InferenceFailure`.
+        once with its reason). A choice that cannot be read is that choice's
+        `InferenceFailure`, the others' turns stand. Raises the last `InferenceFailure`
+        of the request.
         """
         config = self.config
         attempt = 0
@@ -207,14 +317,7 @@ class RolloutRunner:
                     # Parsing is a turn's largest piece of Python: in a later pass when
                     # this one is long (many replies at once).
                     await yield_if_pass_is_long()
-                turn = parse_generate_response(
-                    raw,
-                    prompt_len=prompt_len,
-                    routing_start=routing_start,
-                    payload_dir=payload_dir,
-                    fields=self.fields,
-                    routing_shape=self.state.dispatch.routing_shape,
-                )
+                parts = reply_choices(raw, choices)
             except trio.TooSlowError:
                 failure = InferenceFailure("timeout", f"{server}: no answer in time")
             except InferenceFailure as exc:
@@ -226,11 +329,16 @@ class RolloutRunner:
             else:
                 if self.refusals is not None:
                     self.refusals.answered()
-                if turn.poisoned is not None:
-                    self.rejections.record("poisoned_payload", server, turn.poisoned)
-                elif self.capture and self.state.dispatch.routing_shape is None:
-                    self._learn_routing_shape(turn, server)
-                return turn
+                outcomes: list[TurnOutput | InferenceFailure] = []
+                for index, part in enumerate(parts):
+                    if index:
+                        await yield_if_pass_is_long()
+                    outcome = self._parse_choice(
+                        part, index, prompt_len, routing_start, payload_dir
+                    )
+                    self._note_outcome(outcome, server, attempt + 1)
+                    outcomes.append(outcome)
+                return outcomes
             if self.refusals is not None:
                 self._watch_refusals(self.refusals, server, failure)
             attempt += 1
@@ -245,6 +353,43 @@ class RolloutRunner:
             if not retrying:
                 raise failure
             await trio.sleep(min(config.inference.retry_backoff_s * 2 ** (attempt - 1), 30.0))
+
+    def _parse_choice(
+        self,
+        part: msgspec.Raw,
+        index: int,
+        prompt_len: int,
+        routing_start: int,
+        payload_dir: Path | None,
+    ) -> TurnOutput | InferenceFailure:
+        try:
+            return parse_choice(
+                part,
+                index,
+                prompt_len=prompt_len,
+                routing_start=routing_start,
+                payload_dir=payload_dir,
+                fields=self.fields,
+                routing_shape=self.state.dispatch.routing_shape,
+            )
+        except InferenceFailure as failure:
+            return failure
+        except Exception as exc:  # as for a whole reply: rejected, never a crash
+            return InferenceFailure("malformed", f"unparseable reply ({exc!r:.200})")
+
+    def _note_outcome(
+        self, outcome: TurnOutput | InferenceFailure, server: str, attempt: int
+    ) -> None:
+        """Count a choice that failed or came poisoned; learn the routing shape from the
+        first good one when the config does not fix it."""
+        if isinstance(outcome, InferenceFailure):
+            self.rejections.record(
+                outcome.kind, server, outcome.detail, attempt=attempt, retrying=False
+            )
+        elif outcome.poisoned is not None:
+            self.rejections.record("poisoned_payload", server, outcome.poisoned)
+        elif self.capture and self.state.dispatch.routing_shape is None:
+            self._learn_routing_shape(outcome, server)
 
     def _watch_refusals(
         self, refusals: RefusalWatch, server: str, failure: InferenceFailure
@@ -283,6 +428,12 @@ def _routing_row_shape(turn: TurnOutput) -> tuple[int, ...] | None:
         return segment.shape[1:]
     inline = turn.inline.get("routed_experts")
     return None if inline is None else inline[0].shape[1:]
+
+
+def _outcome(outcome: TurnOutput | InferenceFailure) -> TurnOutput:
+    if isinstance(outcome, InferenceFailure):
+        raise outcome
+    return outcome
 
 
 def _seed(run_seed: int, rollout_id: str, turn: int) -> int:

@@ -9,7 +9,9 @@ from orchestrator.wire.generate import (
     InferenceFailure,
     build_generate_request,
     encoded_token_ids,
+    parse_choice,
     parse_generate_response,
+    reply_choices,
 )
 from orchestrator.wire.weight_updates import (
     MOE_RELOAD_BROKEN,
@@ -48,7 +50,9 @@ __all__ = [
     "encoded_token_ids",
     "error_body",
     "moe_reload_refusal",
+    "parse_choice",
     "parse_generate_response",
     "refusal_hint",
+    "reply_choices",
     "weight_update_plan",
 ]

@@ -41,6 +41,7 @@ SAMPLING_KEYS = frozenset(
         "top_p",
         "top_k",
         "seed",
+        "n",
         "stop_token_ids",
         "logprobs",
         "routed_experts_prompt_start",
@@ -92,8 +93,13 @@ def build_generate_request(
     sampling: Sampling | None = None,
     max_tokens: int | None = None,
     model: str = "",
+    choices: int = 1,
 ) -> dict[str, Any]:
     """The JSON body of a generate request: only keys vLLM's `GenerateRequest` defines.
+
+    `choices` above 1 asks for that many completions of the prompt (`n`: a group's
+    first turn); vLLM runs choice i as a request of its own, `f"{i}_{request_id}"`,
+    seeded with `seed + i`, and answers the choices in index order.
 
     `sampling` (the prompt's: vLLM's defaults when None) gives `max_tokens` (unless
     `max_tokens` overrides it), `temperature`, `top_p`, `top_k` and `stop_token_ids` (sent
@@ -113,6 +119,8 @@ def build_generate_request(
         # The sampled token's logprob (vLLM returns it with the top-1).
         "logprobs": 1,
     }
+    if choices > 1:
+        sampling_params["n"] = choices
     if params.stop_token_ids:
         sampling_params["stop_token_ids"] = list(params.stop_token_ids)
     if routing_start is not None:
@@ -174,9 +182,10 @@ def _given(raw: msgspec.Raw) -> bool:
     return len(raw) > 0 and raw != _NULL
 
 
-def _choice(body: bytes) -> _Choice:
-    """The first choice of a reply, typed; raises `InferenceFailure("malformed")` with
-    msgspec's one-line reason (which names the key: `$.choices[0].token_ids[3]`)."""
+def reply_choices(body: bytes, count: int = 1) -> list[msgspec.Raw]:
+    """The first `count` choices of a reply, each as its JSON text (`parse_choice` reads
+    one); raises `InferenceFailure("malformed")` when the reply is not JSON or holds
+    fewer."""
     try:
         response = _RESPONSE.decode(body)
     except msgspec.DecodeError as exc:
@@ -185,10 +194,18 @@ def _choice(body: bytes) -> _Choice:
         raise _malformed(f"response has no choices ({_one_line(exc)})") from None
     if not response.choices:
         raise _malformed("response has no choices")
+    if len(response.choices) < count:
+        raise _malformed(f"response has {len(response.choices)} choices for n = {count}")
+    return response.choices[:count]
+
+
+def _choice(raw: msgspec.Raw, index: int) -> _Choice:
+    """Choice `index` typed; raises `InferenceFailure("malformed")` with msgspec's
+    one-line reason (which names the key: `$.token_ids[3]`)."""
     try:
-        return _CHOICE.decode(response.choices[0])
+        return _CHOICE.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise _malformed(f"choices[0]: {_one_line(exc)}") from None
+        raise _malformed(f"choices[{index}]: {_one_line(exc)}") from None
 
 
 def _one_line(exc: Exception) -> str:
@@ -239,7 +256,7 @@ def parse_generate_response(
     fields: Sequence[str],
     routing_shape: RoutingShape | None = None,
 ) -> TurnOutput:
-    """Parse and validate a generate response (pure: no file is touched).
+    """Parse and validate a generate response's first choice (pure: no file is touched).
 
     `routing_start` is what the request asked for; `fields` are the payload fields the
     run trains with. Malformed JSON or a malformed choice raises
@@ -248,7 +265,31 @@ def parse_generate_response(
     never a crash. Routing that contradicts `routing_shape` (the model's, when known) is
     poisoned too.
     """
-    choice = _choice(body)
+    return parse_choice(
+        reply_choices(body)[0],
+        0,
+        prompt_len=prompt_len,
+        routing_start=routing_start,
+        payload_dir=payload_dir,
+        fields=fields,
+        routing_shape=routing_shape,
+    )
+
+
+def parse_choice(
+    raw: msgspec.Raw,
+    index: int,
+    *,
+    prompt_len: int,
+    routing_start: int,
+    payload_dir: Path | None,
+    fields: Sequence[str],
+    routing_shape: RoutingShape | None = None,
+) -> TurnOutput:
+    """Choice `index` of a reply (`reply_choices`), parsed and validated as
+    `parse_generate_response` does: a malformed choice raises, a bad payload poisons it.
+    The choices of one reply are apart: one that fails leaves the others whole."""
+    choice = _choice(raw, index)
     completion = _token_ids(choice.token_ids)
     turn = TurnOutput(completion, _logprobs(choice, len(completion)), choice.finish_reason)
     if not fields:

@@ -31,7 +31,9 @@ from orchestrator.wire import (
     InferenceFailure,
     build_generate_request,
     encoded_token_ids,
+    parse_choice,
     parse_generate_response,
+    reply_choices,
 )
 
 FIELDS = ("routed_experts", "sampling_mask")
@@ -197,6 +199,7 @@ VLLM_SAMPLING_PARAMS = {
     "top_p",
     "top_k",
     "seed",
+    "n",
     "logprobs",
     "stop_token_ids",
     "extra_args",
@@ -270,6 +273,34 @@ def test_the_payload_dir_is_sent_only_by_handle() -> None:
     by_handle = request(payload_dir=Path("/shared/run/payloads/v3"))
     assert by_handle["sampling_params"]["extra_args"] == {"payload_dir": "/shared/run/payloads/v3"}
     assert "extra_args" not in request()["sampling_params"]
+
+
+def test_n_is_sent_only_for_a_groups_choices() -> None:
+    assert "n" not in request()["sampling_params"]
+    assert "n" not in request(choices=1)["sampling_params"]
+    assert request(choices=8)["sampling_params"]["n"] == 8
+
+
+def test_the_choices_of_one_reply_are_parsed_apart() -> None:
+    # A group's first turn: choice i is member i's; one bad choice fails only itself.
+    bad = upstream_choice(token_ids=[1, "two"])
+    raw = json.dumps(reply(upstream_choice(), bad, upstream_choice(rows=3))).encode()
+    parts = reply_choices(raw, 3)
+    assert len(parts) == 3
+    kwargs: dict[str, Any] = {
+        "prompt_len": PROMPT_LEN,
+        "routing_start": 0,
+        "payload_dir": None,
+        "fields": FIELDS,
+    }
+    assert trusted(parse_choice(parts[0], 0, **kwargs)).completion_ids.tolist() == COMPLETION
+    with pytest.raises(InferenceFailure, match=r"^malformed: choices\[1\]") as info:
+        parse_choice(parts[1], 1, **kwargs)
+    assert not info.value.transient
+    poisoned(parse_choice(parts[2], 2, **kwargs), "routed_experts", "span")
+    # Fewer choices than asked for fail the whole reply.
+    with pytest.raises(InferenceFailure, match="2 choices for n = 3"):
+        reply_choices(json.dumps(reply(upstream_choice(), bad)).encode(), 3)
 
 
 def test_the_model_is_sent_only_when_named() -> None:

@@ -47,6 +47,7 @@ def derive(
     max_tokens: int = 2048,
     max_context_tokens: int = 16384,
     model: ModelShape | None = QWEN3_30B,
+    choices: int = 1,
 ) -> int:
     return derived_max_reply_bytes(
         by_handle=by_handle,
@@ -54,6 +55,7 @@ def derive(
         max_tokens=max_tokens,
         max_context_tokens=max_context_tokens,
         model=model,
+        choices=choices,
     )
 
 
@@ -112,6 +114,17 @@ def test_the_buffered_bound(cap: int, inflight: int, expected: int) -> None:
     assert got == expected
 
 
+def test_a_reply_of_a_groups_choices_holds_them_all() -> None:
+    one = derive(by_handle=True)
+    assert derive(by_handle=True, choices=8) == 8 * (one - MIB) + MIB
+    inline = derive()
+    assert derive(choices=4) == 4 * (inline - MIB) + MIB
+    assert derive(model=None, choices=4) == 4 * INLINE_REPLY_BYTES
+    # 30 rollouts in flight in groups of 8: at most 4 replies.
+    got = derived_max_buffered_reply_bytes(max_reply_bytes=MIB, max_inflight=30, choices=8)
+    assert got == 4 * MIB
+
+
 # --- the config -----------------------------------------------------------------------
 
 
@@ -121,16 +134,18 @@ def make(
     local_servers: int = 0,
     max_reply_bytes: int = 0,
     max_buffered_reply_bytes: int = 0,
+    group_request: bool = False,
 ) -> Config:
     return Config(
         run_dir=Path("/srv/run"),
-        batch=BatchConfig(max_seq_len=4096),
+        batch=BatchConfig(max_seq_len=4096, group_size=4),
         payload=PayloadConfig(mode=mode),
         inference=InferenceConfig(
             urls=() if local_servers else ("http://gpu-a:8000",),
             max_inflight=32,
             max_reply_bytes=max_reply_bytes,
             max_buffered_reply_bytes=max_buffered_reply_bytes,
+            group_request=group_request,
         ),
         sim=SimConfig(
             inference_servers=local_servers,
@@ -165,6 +180,17 @@ def test_the_config_derives_the_caps_from_its_own_keys() -> None:
     )
 
 
+def test_a_group_request_counts_the_groups_choices() -> None:
+    grouped = make(mode="by_handle", group_request=True)
+    assert grouped.group_choices == 4
+    assert grouped.max_reply_bytes == 4 * TOKEN * 256 + MIB
+    assert grouped.max_buffered_reply_bytes == 8 * (4 * TOKEN * 256 + MIB)
+    # Behind a disaggregated router each rollout is a request of its own.
+    pd = attrs.evolve(grouped, inference=attrs.evolve(grouped.inference, disaggregated=True))
+    assert pd.group_choices == 1
+    assert pd.max_reply_bytes == TOKEN * 256 + MIB
+
+
 def test_the_prompt_bound_covers_every_turn_when_turns_outgrow_max_seq_len() -> None:
     config = Config(
         run_dir=Path("/srv/run"),
@@ -172,7 +198,12 @@ def test_the_prompt_bound_covers_every_turn_when_turns_outgrow_max_seq_len() -> 
         payload=PayloadConfig(mode="inline"),
         sim=SimConfig(inference_servers=1, prompt_len_max=512, max_tokens=256, max_turns=3),
     )
-    expected = derive(max_tokens=256, max_context_tokens=512 + 3 * 256, model=ModelShape(48, 8))
+    expected = derive(
+        max_tokens=256,
+        max_context_tokens=512 + 3 * 256,
+        model=ModelShape(48, 8),
+        choices=config.batch.group_size,
+    )
     assert config.max_reply_bytes == expected
 
 
@@ -208,6 +239,7 @@ def test_check_config_shows_the_caps(tmp_path: Path, capsys: pytest.CaptureFixtu
     )
     assert main(["check-config", str(path)]) == 0
     header = capsys.readouterr().out.split("\n\n", 1)[0]
-    cap = TOKEN * 256 + MIB
+    # A reply holds a group's 8 choices; 64 rollouts in flight are 8 such replies.
+    cap = 8 * TOKEN * 256 + MIB
     assert f"#   reply cap:    {cap} bytes (derived)" in header
-    assert f"#   reply budget: {64 * cap} bytes (derived)" in header
+    assert f"#   reply budget: {8 * cap} bytes (derived)" in header
