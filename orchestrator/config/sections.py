@@ -543,7 +543,8 @@ class SimConfig:
     # for a vLLM that drops a MoE model's expert weights on reload (design.md §13).
     vllm_version: str = SIM_VLLM_VERSION
     time_per_token_s: float = attrs.field(default=0.0, validator=at_least(0))
-    # Requests each server generates at once, the rest queue (vLLM's max_num_seqs); 0: any.
+    # Sequences each server generates at once (a request's n choices count n), the rest
+    # queue (vLLM's max_num_seqs); 0: any.
     max_num_seqs: int = attrs.field(default=0, validator=at_least(0))
     http_500_rate: float = attrs.field(default=0.0, validator=fraction)
     hang_rate: float = attrs.field(default=0.0, validator=fraction)

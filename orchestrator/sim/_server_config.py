@@ -55,9 +55,10 @@ class SimInferenceConfig:
     - `payload_digests`: by handle, add each segment's `digest` (this project's extension).
     - `time_per_token_s`, `request_overhead_s`: the latency model, slept per request:
       overhead + time per token x the longest choice (choices decode in parallel).
-    - `max_num_seqs`: requests generated at once (vLLM's engine setting of that name);
-      the rest wait their turn, so past it turnaround grows with the requests sent.
-      0: no bound.
+    - `max_num_seqs`: sequences generated at once (vLLM's engine setting of that name; a
+      request's `n` choices are `n` sequences, and a request for more is refused with
+      vLLM's 400); the rest wait their turn, so past it turnaround grows with the
+      requests sent. 0: no bound.
     - `weight_update_s`: how long `/update_weights` takes.
     - `faults`, `fault_seed`: fault rates and the seed of the generator they are drawn from.
     - `fsync`: fsync each payload file before closing it.

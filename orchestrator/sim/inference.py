@@ -29,11 +29,12 @@ are drawn from a seeded generator, so a test or a demo can reproduce a flaky fle
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
-import math
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,42 @@ log = structlog.get_logger(__name__)
 
 
 @attrs.define
+class _Sequences:
+    """vLLM's `max_num_seqs`: the sequences generated at once, a request's `n` choices
+    counting as `n` (vLLM runs each choice as a request of its own); the rest wait, first
+    come first served (`free` None: no bound)."""
+
+    free: trio.Semaphore | None
+    # One request takes its sequences at a time, so two never hold half of what each needs.
+    taking: trio.Lock = attrs.Factory(trio.Lock)
+    running: int = 0
+
+    @classmethod
+    def bounded(cls, max_num_seqs: int) -> _Sequences:
+        return cls(trio.Semaphore(max_num_seqs) if max_num_seqs else None)
+
+    @contextlib.asynccontextmanager
+    async def held(self, n: int) -> AsyncIterator[None]:
+        """`n` sequences while the body runs (`n` at most the bound)."""
+        free, taken = self.free, 0
+        try:
+            if free is not None:
+                async with self.taking:
+                    while taken < n:
+                        await free.acquire()
+                        taken += 1
+            self.running += n
+            try:
+                yield
+            finally:
+                self.running -= n
+        finally:
+            while free is not None and taken:
+                free.release()
+                taken -= 1
+
+
+@attrs.define
 class _ServerState:
     """What one server remembers between requests (touched only from its event loop)."""
 
@@ -100,14 +137,13 @@ class _ServerState:
     fault_rng: np.random.Generator
     compute_limiter: trio.CapacityLimiter
     write_limiter: trio.CapacityLimiter
-    seq_limiter: trio.CapacityLimiter  # max_num_seqs (inf: no bound)
+    sequences: _Sequences  # max_num_seqs
     version: int = 0
     weight_dir: str | None = None
     requests_served: int = 0
     # Generate requests that named a payload directory (asked for payloads by handle).
     payload_requests: int = 0
     in_flight: int = 0
-    running: int = 0
     faults_served: Counter[str] = attrs.Factory(Counter)
     payload_files: int = 0
     payload_bytes: int = 0
@@ -126,7 +162,7 @@ class _ServerState:
             fault_rng=np.random.default_rng(config.fault_seed),
             compute_limiter=trio.CapacityLimiter(config.worker_threads),
             write_limiter=trio.CapacityLimiter(config.worker_threads),
-            seq_limiter=trio.CapacityLimiter(config.max_num_seqs or math.inf),
+            sequences=_Sequences.bounded(config.max_num_seqs),
         )
 
     def health(self) -> dict[str, Any]:
@@ -140,7 +176,7 @@ class _ServerState:
             "payload_requests": self.payload_requests,
             "in_flight": self.in_flight,
             # Of those, generating now (at most max_num_seqs); the rest wait their turn.
-            "running": self.running,
+            "running": self.sequences.running,
             "faults": {fault.value: self.faults_served[fault.value] for fault in Fault},
             "payload_files_written": self.payload_files,
             "payload_bytes_written": self.payload_bytes,
@@ -327,6 +363,12 @@ class _InferenceApp:
             kv_transfer_params = self._check_role(request)
         except RequestRefused as exc:
             return exc.status, _encode(error_body(exc.status, str(exc)))
+        if config.max_num_seqs and request.n > config.max_num_seqs:
+            message = (
+                "sampling_params.n must be at most the server's max_num_seqs "
+                f"({config.max_num_seqs}), got {request.n}."
+            )
+            return 400, _encode(error_body(400, message))
         if request.payload_dir is not None:
             state.payload_requests += 1
         # A form without a by-handle mode (upstream vLLM) ignores payload_dir: inline.
@@ -344,23 +386,19 @@ class _InferenceApp:
 
         while state.paused:
             await state.resumed.wait()
-        async with state.seq_limiter:
-            state.running += 1
-            try:
-                generations = await trio.to_thread.run_sync(
-                    functools.partial(
-                        _generate_all,
-                        config.model,
-                        request,
-                        config.capture_routed_experts,
-                        config.role,
-                    ),
-                    limiter=state.compute_limiter,
-                )
-                longest = max(len(g.completion.token_ids) for g in generations)
-                await trio.sleep(config.request_overhead_s + config.time_per_token_s * longest)
-            finally:
-                state.running -= 1
+        async with state.sequences.held(request.n):
+            generations = await trio.to_thread.run_sync(
+                functools.partial(
+                    _generate_all,
+                    config.model,
+                    request,
+                    config.capture_routed_experts,
+                    config.role,
+                ),
+                limiter=state.compute_limiter,
+            )
+            longest = max(len(g.completion.token_ids) for g in generations)
+            await trio.sleep(config.request_overhead_s + config.time_per_token_s * longest)
 
         if by_handle is None or payload_dir is None:
             choices = await trio.to_thread.run_sync(
