@@ -54,10 +54,14 @@ from system_fleet import (
     stamp,
 )
 
+import orchestrator
 from orchestrator.config import Config, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO, SIM = ROOT / "configs" / "demo.toml", ROOT / "configs" / "sim.toml"
+# The configs of the tree whose code runs (an older revision's, for a comparison: its
+# code refuses keys that came after it).
+CONFIGS = Path(orchestrator.__file__).resolve().parents[1] / "configs"
+DEMO, SIM = CONFIGS / "demo.toml", CONFIGS / "sim.toml"
 MODEL = ROOT / "demo" / "model"
 SHAPE = ModelShape()
 #: The 10 ms timer whose overshoot is the loop's lag.

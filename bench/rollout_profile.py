@@ -73,7 +73,13 @@ def _stage(name: str, *functions: str, minus: tuple[Stage, ...] = ()) -> Stage:
 
 PROMPT = _stage("prompt: chat template and tokens", "dataset_env.py:prompt", "plugin_env.py:prompt")
 HTTP = _stage("request, send and receive (HTTP/1.1)", "inference/client.py:post_generate")
-PARSE = _stage("reply: parse, logprobs, segment checks", "wire/generate.py:parse_generate_response")
+PARSE = _stage(
+    "reply: parse, logprobs, segment checks",
+    "wire/generate.py:parse_generate_response",
+    # A group's reply (2afb157 on): its choices split, then each parsed.
+    "wire/generate.py:reply_choices",
+    "wire/generate.py:parse_choice",
+)
 # A stage names its functions as every compared revision has them (the finisher was the
 # dispatcher's until 27e6282).
 FILES = _stage(
@@ -91,6 +97,7 @@ STAGES: tuple[Stage, ...] = (
         "daemon/dispatcher.py:serve",
         "daemon/dispatcher.py:_run_group",
         "daemon/dispatcher.py:_run_member",
+        "daemon/rollout_runner.py:_run_into",
         "daemon/rollout_finisher.py:finish",
         "daemon/dispatcher.py:finish",
         minus=NESTED,
