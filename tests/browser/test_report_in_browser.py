@@ -44,10 +44,12 @@ def test_the_report_of_a_demo_run_renders_in_chromium(tmp_path: Path) -> None:
         "eval.num_examples=8",
         "sim.train_time_s=0.05",
         "trainer.poll_interval_s=0.1",
-        # The groups that scored nothing are discarded, so the discards plot has data: the
+        # Groups that scored little are discarded, so the discards plot has data: the
         # demo's own six steps, each batch filled by exactly the groups it needs, may
-        # discard none.
-        "batch.curriculum_min_mean_reward=0.01",
+        # discard none. Random tokens score 0.1 to 0.2 a batch on the demo's partial
+        # reward; a group of four under 0.05 is common (a group that scores nothing at
+        # all is not: six steps may have none).
+        "batch.curriculum_min_mean_reward=0.05",
     ]
     trio.run(launch_run, load_config(DEMO_CONFIG, overrides))
     sets = [arg for override in overrides for arg in ("--set", override)]
