@@ -108,8 +108,11 @@ class RolloutRunner:
             for index, episode in enumerate(episodes)
         ]
         firsts: list[TurnOutput | InferenceFailure | None] = [None] * len(members)
-        if self.config.group_choices > 1 and not any(
-            drives_its_turns(type(episode)) for episode in episodes
+        # (A group stopped before its request goes out sends none: each member stops.)
+        if (
+            self.config.group_choices > 1
+            and not stop.is_set()
+            and not any(drives_its_turns(type(episode)) for episode in episodes)
         ):
             firsts = list(await self._first_turns(group_id, members, prompt.sampling, stop))
         async with trio.open_nursery() as nursery:
