@@ -1,6 +1,9 @@
-"""One rollout, turn by turn: its generate requests (retried on transient failures), its
-environment's replies between turns, until the episode ends or fails. An environment that
-drives its own turns has each of its calls run as such a turn (`driven_rollouts.py`).
+"""A group's rollouts, turn by turn: their generate requests (retried on transient
+failures), their environment's replies between turns, until each episode ends or fails.
+A group's first turn is one request for all its rollouts when the config says so
+(`Config.group_choices`: vLLM's `n`); each rollout's later turns are its own requests. An
+environment that drives its own turns has each of its calls run as such a turn
+(`driven_rollouts.py`).
 
 Training rollouts capture payloads (each request names its version's payload directory
 and where its routing rows start, docs/design.md §3, §4); eval rollouts
@@ -225,13 +228,16 @@ class RolloutRunner:
         for turn_index in range(sampling.max_turns):
             if stop.is_set():
                 return run.fail("stopped", "stopped: the group can no longer ship")
-            try:
-                if turn_index == 0 and first is not None:
-                    turn = _outcome(first)
-                else:
-                    turn = await self._turn(run, turn_index, sampling, routing_start, stop)
-            except InferenceFailure as failure:
-                return run.fail(failure.kind, str(failure))
+            if turn_index == 0 and first is not None:
+                outcome = first
+            else:
+                try:
+                    outcome = await self._turn(run, turn_index, sampling, routing_start, stop)
+                except InferenceFailure as failure:
+                    outcome = failure
+            if isinstance(outcome, InferenceFailure):
+                return run.fail(outcome.kind, str(outcome))
+            turn = outcome
             run.turns.append((len(run.tokens), turn))
             try:
                 reply = await episode.reply(run.tokens, turn.completion_ids)
@@ -439,6 +445,8 @@ def _outcome(outcome: TurnOutput | InferenceFailure) -> TurnOutput:
     return outcome
 
 
-def _seed(run_seed: int, rollout_id: str, turn: int) -> int:
-    digest = hashlib.blake2b(f"{run_seed}/{rollout_id}/{turn}".encode(), digest_size=4)
+def _seed(run_seed: int, name: str, turn: int) -> int:
+    """A request's seed: of a rollout's turn, or of a group's first (vLLM adds the choice's
+    index)."""
+    digest = hashlib.blake2b(f"{run_seed}/{name}/{turn}".encode(), digest_size=4)
     return int.from_bytes(digest.digest(), "little")
