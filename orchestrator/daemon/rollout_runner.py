@@ -77,8 +77,9 @@ class RolloutRunner:
     _writes_files: bool = attrs.field(init=False)
     # Rollouts whose environment drives their turns (through `desk`).
     _driven: DrivenRollouts | None = attrs.field(default=None, init=False)
-    # The last prompt's ids and their JSON: a group's members start one after the other
-    # and send the same first prompt, which is encoded once for them all.
+    # The last prompt's ids and their JSON: when a group's members send their own first
+    # requests (`Config.group_choices` 1, and the evals' rollouts of one example), they
+    # start one after the other with the same prompt, encoded once for them all.
     _last_prompt_json: tuple[np.ndarray, msgspec.Raw] | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:

@@ -52,6 +52,7 @@ from orchestrator.asgi_server import (
     serve_asgi,
     wait_for_disconnect,
 )
+from orchestrator.fair_budget import FairBudget
 from orchestrator.payload import write_payload
 from orchestrator.wire import VLLM_DEV_PATHS
 from orchestrator.wire.errors import error_body
@@ -98,34 +99,25 @@ class _Sequences:
     counting as `n` (vLLM runs each choice as a request of its own); the rest wait, first
     come first served (`free` None: no bound)."""
 
-    free: trio.Semaphore | None
-    # One request takes its sequences at a time, so two never hold half of what each needs.
-    taking: trio.Lock = attrs.Factory(trio.Lock)
+    free: FairBudget | None
     running: int = 0
 
     @classmethod
     def bounded(cls, max_num_seqs: int) -> _Sequences:
-        return cls(trio.Semaphore(max_num_seqs) if max_num_seqs else None)
+        return cls(FairBudget(max_num_seqs) if max_num_seqs else None)
 
     @contextlib.asynccontextmanager
     async def held(self, n: int) -> AsyncIterator[None]:
         """`n` sequences while the body runs (`n` at most the bound)."""
-        free, taken = self.free, 0
+        if self.free is not None:
+            await self.free.reserve(n)
+        self.running += n
         try:
-            if free is not None:
-                async with self.taking:
-                    while taken < n:
-                        await free.acquire()
-                        taken += 1
-            self.running += n
-            try:
-                yield
-            finally:
-                self.running -= n
+            yield
         finally:
-            while free is not None and taken:
-                free.release()
-                taken -= 1
+            self.running -= n
+            if self.free is not None:
+                self.free.release(n)
 
 
 @attrs.define

@@ -27,12 +27,12 @@ from orchestrator.daemon.inference.client import post_generate
 from orchestrator.daemon.inference.http11 import (
     RECEIVE_BYTES,
     USER_AGENT,
-    ByteBudget,
     HTTP11Client,
     HTTPFailure,
     Origin,
     split_url,
 )
+from orchestrator.fair_budget import FairBudget
 from orchestrator.wire import GENERATE_PATH, InferenceFailure
 
 #: Seconds any one test may spend on real I/O before it fails.
@@ -695,7 +695,7 @@ async def test_a_request_cancelled_while_it_waits_for_the_budget_takes_nothing()
 
 
 async def test_the_budget_serves_waiters_in_order_and_skips_a_cancelled_one() -> None:
-    budget = ByteBudget(10)
+    budget = FairBudget(10)
     order: list[str] = []
 
     async def take(name: str, nbytes: int, scope: trio.CancelScope | None = None) -> None:

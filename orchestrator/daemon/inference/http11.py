@@ -37,7 +37,6 @@ deadline.
 
 from __future__ import annotations
 
-import collections
 import functools
 import ssl
 import urllib.parse
@@ -47,6 +46,8 @@ from typing import Protocol
 import attrs
 import httptools
 import trio
+
+from orchestrator.fair_budget import FairBudget
 
 #: Bytes asked of the socket per read (the buffer is allocated at this size, then shrunk
 #: to what arrived: small enough to stay off mmap for the common answer of a few KiB).
@@ -118,57 +119,6 @@ class Requester(Protocol):
 
 
 @attrs.define(eq=False)
-class ByteBudget:
-    """Bytes shared by concurrent readers: `reserve` waits (first come, first served)
-    until the amount fits under `capacity`, `release` gives it back. A waiter holds
-    nothing, and a waiter whose wait is cancelled takes nothing. `peak` is the most ever
-    reserved at once."""
-
-    capacity: int
-    reserved: int = attrs.field(init=False, default=0)
-    peak: int = attrs.field(init=False, default=0)
-    _waiters: collections.deque[_Waiter] = attrs.field(init=False, factory=collections.deque)
-
-    async def reserve(self, nbytes: int) -> None:
-        if nbytes > self.capacity:
-            raise ValueError(f"cannot reserve {nbytes} of {self.capacity} bytes")
-        if not self._waiters and self.reserved + nbytes <= self.capacity:
-            self._take(nbytes)
-            return
-        waiter = _Waiter(nbytes)
-        self._waiters.append(waiter)
-        try:
-            await waiter.granted.wait()
-        except BaseException:
-            if waiter.granted.is_set():  # granted, then interrupted before it could be used
-                self.release(nbytes)
-            else:
-                self._waiters.remove(waiter)
-                self._grant()  # it may have been first in line, blocking smaller ones
-            raise
-
-    def release(self, nbytes: int) -> None:
-        self.reserved -= nbytes
-        self._grant()
-
-    def _take(self, nbytes: int) -> None:
-        self.reserved += nbytes
-        self.peak = max(self.peak, self.reserved)
-
-    def _grant(self) -> None:
-        while self._waiters and self.reserved + self._waiters[0].nbytes <= self.capacity:
-            waiter = self._waiters.popleft()
-            self._take(waiter.nbytes)
-            waiter.granted.set()
-
-
-@attrs.define(eq=False)
-class _Waiter:
-    nbytes: int
-    granted: trio.Event = attrs.field(factory=trio.Event)
-
-
-@attrs.define(eq=False)
 class _Connection:
     stream: trio.abc.Stream
     socket: trio.socket.SocketType
@@ -203,7 +153,7 @@ class HTTP11Client:
     )
     max_buffered_bytes: int = MAX_BUFFERED_BYTES
     authorization: str | None = attrs.field(default=None, repr=False)
-    budget: ByteBudget = attrs.field(init=False)
+    budget: FairBudget = attrs.field(init=False)
     _idle: dict[Origin, list[_Connection]] = attrs.field(init=False, factory=dict)
     _closed: bool = attrs.field(init=False, default=False)
 
@@ -213,7 +163,7 @@ class HTTP11Client:
                 f"max_buffered_bytes ({self.max_buffered_bytes}) must be at least "
                 f"max_response_bytes ({self.max_response_bytes})"
             )
-        self.budget = ByteBudget(self.max_buffered_bytes)
+        self.budget = FairBudget(self.max_buffered_bytes)
 
     async def __aenter__(self) -> HTTP11Client:
         return self
@@ -421,7 +371,7 @@ async def _receive_reply(
     connection: _Connection,
     where: str,
     max_response_bytes: int,
-    budget: ByteBudget,
+    budget: FairBudget,
 ) -> tuple[Reply, bool]:
     """The answer, its body reserved from `budget` while it is read (module docstring),
     and whether the connection can be reused."""
