@@ -237,17 +237,26 @@ def run_one(
     *,
     every_core: bool = False,
     profiler: Span | None = None,
+    batch_size: int | None = None,
 ) -> Result:
     """One workload; `every_core`: this process is not pinned (see `every_core_row`),
-    else the daemon runs on its own core. `profiler`: see `measure`."""
+    else the daemon runs on its own core. `profiler`: see `measure`. `batch_size`: the
+    rollouts per step instead of the config's (16), with twice as many requests in flight
+    (the config's own ratio)."""
     cores = plan_cores()
     config_file = SIM if kind.startswith("toy") else DEMO
+    batch = [] if batch_size is None else batch_overrides(batch_size)
     with fleet_and_trainer(base / kind, steps, cores.fleet) as overrides:
-        config = load_config(config_file, [*overrides, *workload_overrides(kind, data)])
+        config = load_config(config_file, [*overrides, *workload_overrides(kind, data), *batch])
         result = trio.run(measure, kind, config, profiler)
     if every_core:
         return attrs.evolve(result, cores=str(len(cores.daemon | cores.fleet) or "all"))
     return result
+
+
+def batch_overrides(size: int) -> list[str]:
+    """The `--set`s of a run of `size` rollouts per step."""
+    return [f"batch.size={size}", f"inference.max_inflight={2 * size}"]
 
 
 def every_core_row(kind: str, steps: int, data: Path, cores: frozenset[int]) -> Result:

@@ -15,7 +15,11 @@ environment and benchmark scripts (bench/_old_tree.py); a stage whose functions 
 reads 0 there and its time falls into the rest.
 
     uv run --frozen --group bench python bench/rollout_profile.py [--kinds KIND ...]
-        [--steps N] [--top N] [--old REV] [--no-write]
+        [--steps N] [--batch-size N] [--top N] [--old REV] [--no-write]
+
+`--batch-size` runs the workloads at that many rollouts per step instead of the demo's 16
+(work done once per step, the weight updates, collection and shipping, is then shared by
+that many rollouts, as in a production run) and writes its own section.
 """
 
 from __future__ import annotations
@@ -256,7 +260,7 @@ class ThreadJobTimes:
             trio.to_thread.run_sync = real
 
 
-def measure_kind(kind: str, steps: int, top: int) -> Breakdown:
+def measure_kind(kind: str, steps: int, top: int, batch_size: int | None) -> Breakdown:
     """Two runs of `kind`: one plain, for the figures and the thread jobs, and one profiled,
     for the loop thread's shares."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -267,31 +271,43 @@ def measure_kind(kind: str, steps: int, top: int) -> Breakdown:
             (base / run).mkdir()
         jobs = ThreadJobTimes()
         with jobs.installed():
-            plain = real_tasks.run_one(kind, steps, base, base / "plain", profiler=jobs)
+            plain = real_tasks.run_one(
+                kind, steps, base, base / "plain", profiler=jobs, batch_size=batch_size
+            )
         # thread_time: the loop thread's own CPU, not the time a core was taken from it.
         profiler = cProfile.Profile(time.thread_time)
-        real_tasks.run_one(kind, steps, base, base / "profiled", profiler=profiler)
+        real_tasks.run_one(
+            kind, steps, base, base / "profiled", profiler=profiler, batch_size=batch_size
+        )
     return breakdown(kind, plain, pstats.Stats(profiler), top, jobs.seconds)
 
 
-def run_tree(tree: Path | None, kinds: list[str], steps: int, top: int) -> list[Breakdown]:
+def run_tree(
+    tree: Path | None, kinds: list[str], steps: int, top: int, batch_size: int | None
+) -> list[Breakdown]:
     """`kinds` measured in a fresh process of this script, on `tree`'s code (None: this
     checkout's)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if tree is not None:
         env["PYTHONPATH"] = python_path(tree)
     command = [sys.executable, __file__, "--worker", "--steps", str(steps), "--top", str(top)]
+    if batch_size is not None:
+        command += ["--batch-size", str(batch_size)]
     done = subprocess.run(
         [*command, "--kinds", *kinds], env=env, check=True, capture_output=True, text=True
     )
     return [converter.structure(row, Breakdown) for row in json.loads(done.stdout)]
 
 
-def report(new: list[Breakdown], old: list[Breakdown], old_rev: str, steps: int) -> str:
+def report(
+    new: list[Breakdown], old: list[Breakdown], old_rev: str, steps: int, batch_size: int | None
+) -> str:
+    command = f"--steps {steps}" + ("" if batch_size is None else f" --batch-size {batch_size}")
+    title = "" if batch_size is None else f", at {batch_size} rollouts a step"
     lines = [
-        "## Where a real rollout's cost goes (`bench/rollout_profile.py`)",
+        f"## Where a real rollout's cost goes{title} (`bench/rollout_profile.py`)",
         "",
-        f"`uv run --frozen --group bench python bench/rollout_profile.py --steps {steps}` "
+        f"`uv run --frozen --group bench python bench/rollout_profile.py {command}` "
         f"(revision {git_revision()} against {old_rev}), on {machine()}.",
         "",
         "The workloads of `bench/real_tasks.py` (the daemon on its own core, the fleet and "
@@ -339,6 +355,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS[:3]))
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="rollouts per step (default: the demo's)"
+    )
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--old", default=DEFAULT_OLD, help="the revision to compare with")
     parser.add_argument("--no-write", action="store_true")
@@ -349,16 +368,17 @@ def main() -> int:
         quiet_daemon_logs()
         os.chdir(real_tasks.ROOT)
         pin_self(plan_cores().daemon)
-        rows = [measure_kind(kind, args.steps, args.top) for kind in args.kinds]
+        rows = [measure_kind(kind, args.steps, args.top, args.batch_size) for kind in args.kinds]
         print(json.dumps(converter.unstructure(rows)))
         return 0
 
-    old = run_tree(old_tree(args.old), args.kinds, args.steps, args.top)
-    new = run_tree(None, args.kinds, args.steps, args.top)
-    markdown = report(new, old, resolve(args.old)[:7], args.steps)
+    old = run_tree(old_tree(args.old), args.kinds, args.steps, args.top, args.batch_size)
+    new = run_tree(None, args.kinds, args.steps, args.top, args.batch_size)
+    markdown = report(new, old, resolve(args.old)[:7], args.steps, args.batch_size)
     print(markdown)
     if not args.no_write:
-        write_section("rollout_profile", markdown)
+        section = "rollout_profile" if args.batch_size is None else "rollout_profile_batch"
+        write_section(section, markdown)
     return 0
 
 
