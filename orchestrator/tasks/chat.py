@@ -262,8 +262,32 @@ class ChatTokenizer:
     def _encode(self, text: str) -> list[int]:
         # As apply_chat_template(tokenize=True) and vLLM's chat endpoint: the template
         # writes the special tokens itself.
+        fast = _fast_encoder(self.tokenizer)
+        if fast is not None:
+            return cast(list[int], fast([text], add_special_tokens=False)[0].ids)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return cast(list[int], ids)
+
+
+def _fast_encoder(tokenizer: PreTrainedTokenizerBase) -> Any | None:
+    """The Rust tokenizer's `encode_batch_fast` (tokenizers 0.21 on: no character offsets,
+    the GIL released), when calling it gives what calling `tokenizer` without truncation or
+    padding gives: a fast tokenizer whose backend has neither set and splits special tokens
+    as `tokenizer` says. Else None: the caller goes through `tokenizer`, which sets them so.
+
+    A 4,000-token prompt tokenizes in 2.9 ms this way against 4.0 ms through transformers'
+    call, which computes the offsets and builds a `BatchEncoding` (docs/design.md §12).
+    """
+    backend: Any = getattr(tokenizer, "backend_tokenizer", None)
+    fast = getattr(backend, "encode_batch_fast", None)
+    if (
+        fast is None
+        or backend.truncation is not None
+        or backend.padding is not None
+        or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False))
+    ):
+        return None
+    return fast
 
 
 def _ids(value: npt.ArrayLike) -> np.ndarray:

@@ -136,6 +136,30 @@ def test_render_prompt_adds_special_tokens_once(tmp_path: Path) -> None:
     assert with_bos.tokenizer(text)["input_ids"][:2] == [bos, bos]
 
 
+def test_render_prompt_tokenizes_through_the_rust_backend_as_transformers_would(
+    tmp_path: Path,
+) -> None:
+    # The fast path (the backend's encode_batch_fast) is taken on the demo's tokenizer and
+    # gives transformers' ids; a tokenizer.json that carries a truncation of its own (which
+    # transformers' call turns off) does not truncate a prompt on either path.
+    from tokenizers import Tokenizer
+
+    from orchestrator.tasks.chat import _fast_encoder
+
+    folder = _copy_model(tmp_path, "generation_config.json", "tokenizer_config.json")
+    backend = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
+    backend.enable_truncation(max_length=8)
+    backend.save(str(folder / "tokenizer.json"))
+    truncating = ChatTokenizer.load(folder)
+    messages = [{"role": "user", "content": "What is 12 + 30? " * 20}]
+
+    for chat in (ChatTokenizer.load(MODEL), truncating, truncating):
+        prompt = chat.render_prompt(messages).tolist()
+        assert len(prompt) > 8
+        assert prompt == _full_render(chat, messages)
+        assert _fast_encoder(chat.tokenizer) is not None  # the next render takes it
+
+
 def test_stop_ids_are_the_generation_configs_eos_ids(chat: ChatTokenizer) -> None:
     config = json.loads((MODEL / "generation_config.json").read_text(encoding="utf-8"))
     assert chat.stop_token_ids == (_token_id(chat, IM_END), _token_id(chat, ENDOFTEXT))
