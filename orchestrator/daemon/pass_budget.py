@@ -15,7 +15,9 @@ question (free when no budget is installed: tests and tools that drive the piece
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 
@@ -29,7 +31,21 @@ _BUDGET: RunVar[PassBudget | None] = RunVar("pass_budget", default=None)
 
 
 class PassBudget(trio.abc.Instrument):
-    """Notes the start of each pass (trio calls `after_io_wait` right before it)."""
+    """Notes the start and end of each pass (trio calls `after_io_wait` right before a pass
+    and `before_io_wait` right after it) and keeps the line of tasks waiting for a later
+    pass.
+
+    A task that finds the pass spent parks in the line rather than checkpointing in every
+    pass until it finds one with budget left: with fifty replies deferred together, fifty
+    wake-ups a pass were the loop's own largest cost and lengthened the very passes they
+    waited on. At each pass's start as many tasks are taken out of the line as went on in
+    the last pass (twice as many when that pass ended with budget left), and one of them is
+    always awake while the line is not empty: a parked task has no timer or socket to wake
+    the loop, so an awake task (runnable, it keeps the loop's next I/O wait at zero) stands
+    for the line. The wake-ups are `trio.lowlevel.reschedule` calls from `after_io_wait`,
+    which trio makes before it takes the pass's batch of runnable tasks, so the tasks woken
+    run in that very pass.
+    """
 
     def __init__(self, budget_s: float = PASS_BUDGET_S) -> None:
         self.budget_s = budget_s
@@ -37,14 +53,66 @@ class PassBudget(trio.abc.Instrument):
         # Whether a task that asked went on in this pass: the first always does, so that
         # every pass makes progress however slow the machine.
         self.granted = False
-        self.yields = 0  # how often a task yielded to a later pass (for the benchmarks)
+        self.yields = 0  # how often a task was deferred to a later pass (for the benchmarks)
+        self._line: collections.deque[trio.lowlevel.Task] = collections.deque()
+        self._awake = 0  # taken out of the line (or never parked) and not gone on yet
+        self._went = 0  # tasks that asked and went on in this pass
+        self._to_wake = 1  # tasks to have awake when the next pass starts
+
+    def before_io_wait(self, timeout: float) -> None:
+        room = time.perf_counter() - self.pass_started < self.budget_s
+        self._to_wake = max(1, self._went) * (2 if room else 1)
 
     def after_io_wait(self, timeout: float) -> None:
         self.pass_started = time.perf_counter()
         self.granted = False
+        self._went = 0
+        self._wake(self._to_wake - self._awake)
 
     def spent(self) -> bool:
         return self.granted and time.perf_counter() - self.pass_started > self.budget_s
+
+    def close(self) -> None:
+        """No pass is long from now on; every task in line goes on (the budget is off)."""
+        self.budget_s = math.inf
+        self._wake(len(self._line))
+
+    def go(self) -> None:
+        self.granted = True
+        self._went += 1
+
+    async def wait_for_a_pass(self) -> None:
+        """Wait for a later pass with budget left, in line (see the class docstring)."""
+        self.yields += 1
+        parked = bool(self._awake)
+        if parked:
+            task = trio.lowlevel.current_task()
+            self._line.append(task)
+
+            def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+                self._line.remove(task)
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            # Woken by `_wake` (and counted awake there) in a later pass's batch.
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        else:
+            self._awake += 1  # no task stands for the line: this one does
+        try:
+            if not parked:
+                await trio.lowlevel.checkpoint()
+            while self.spent():  # tasks earlier in the batch spent the pass
+                await trio.lowlevel.checkpoint()
+        finally:
+            self._awake -= 1
+            if not self._awake:
+                self._wake(1)
+        self.go()
+
+    def _wake(self, count: int) -> None:
+        while count > 0 and self._line:
+            trio.lowlevel.reschedule(self._line.popleft())
+            self._awake += 1
+            count -= 1
 
 
 @contextlib.contextmanager
@@ -59,6 +127,7 @@ def keep_passes_short(budget_s: float = PASS_BUDGET_S) -> Iterator[PassBudget]:
     finally:
         _BUDGET.set(previous)
         trio.lowlevel.remove_instrument(budget)
+        budget.close()
 
 
 async def yield_if_pass_is_long() -> None:
@@ -68,7 +137,7 @@ async def yield_if_pass_is_long() -> None:
     budget = _BUDGET.get()
     if budget is None:
         return
-    while budget.spent():
-        budget.yields += 1
-        await trio.lowlevel.checkpoint()
-    budget.granted = True
+    if budget.spent():
+        await budget.wait_for_a_pass()
+    else:
+        budget.go()
