@@ -22,6 +22,7 @@ __all__ = [
     "float_array",
     "frozen_array",
     "frozen_arrays",
+    "handed_over",
     "mask_array",
     "token_array",
 ]
@@ -34,7 +35,8 @@ def frozen_array(value: npt.ArrayLike, dtype: npt.DTypeLike) -> np.ndarray:
     """`value` as a 1-D-or-more C-contiguous array of `dtype` that cannot be written.
 
     Copies only when the dtype or layout differs, or when the array is writable (so no
-    caller can change a frozen value through an array it kept). Raises ValueError when
+    caller can change a frozen value through an array it kept): a producer that hands
+    over a fresh array read-only (`handed_over`) saves the copy. Raises ValueError when
     `value` does not convert (a float where ints belong, an id that overflows int32).
     """
     if isinstance(value, np.ndarray) and value.dtype == dtype and not value.flags.writeable:
@@ -43,11 +45,23 @@ def frozen_array(value: npt.ArrayLike, dtype: npt.DTypeLike) -> np.ndarray:
     # An empty sequence has no values to be wrong: numpy gives it float64.
     if source.dtype.kind == "f" and np.dtype(dtype).kind in "iub" and source.size:
         raise ValueError(f"expected integers, got {source.dtype} values")
-    if source.dtype.kind in "iu" and np.dtype(dtype).kind in "iu" and source.size:
+    if (
+        source.dtype.kind in "iu"
+        and np.dtype(dtype).kind in "iu"
+        and source.size
+        and not np.can_cast(source.dtype, dtype)
+    ):
         info = np.iinfo(dtype)
         if int(source.min()) < info.min or int(source.max()) > info.max:
             raise ValueError(f"values outside the range of {np.dtype(dtype).name}")
     array = np.array(source, dtype=dtype, order="C", copy=True)
+    array.flags.writeable = False
+    return array
+
+
+def handed_over(array: np.ndarray) -> np.ndarray:
+    """`array`, a fresh one nobody else holds, made read-only: a frozen value takes it
+    without a copy."""
     array.flags.writeable = False
     return array
 

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from orchestrator.core.arrays import TOKEN_DTYPE
+from orchestrator.core.arrays import TOKEN_DTYPE, handed_over
 from orchestrator.core.environments import Sampling
 from orchestrator.core.turns import TurnOutput
 from orchestrator.payload import BadSegment, PayloadSegment, RoutingShape, repeated_ids_problem
@@ -29,7 +29,7 @@ from orchestrator.wire.arrays import (
     decode_packed,
     decode_packed_routing,
 )
-from orchestrator.wire.segments import segment_from_wire
+from orchestrator.wire.segments import decode_segments, segment_from_wire
 
 #: The top-level keys vLLM's `GenerateRequest` defines that this client may send.
 REQUEST_KEYS = frozenset({"request_id", "model", "token_ids", "sampling_params"})
@@ -214,12 +214,13 @@ def _one_line(exc: Exception) -> str:
 
 def _token_ids(value: list[int]) -> np.ndarray:
     try:
-        ids = np.array(value, dtype=np.int64)
+        # numpy refuses a Python int that does not fit the dtype (OverflowError).
+        ids = np.array(value, dtype=TOKEN_DTYPE)
     except OverflowError:
-        raise _malformed("token_ids holds an integer out of range") from None
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) > _MAX_TOKEN_ID):
+        raise _malformed(f"token_ids must be in 0..{_MAX_TOKEN_ID}") from None
+    if ids.size and int(ids.min()) < 0:
         raise _malformed(f"token_ids must be in 0..{_MAX_TOKEN_ID}")
-    return ids.astype(TOKEN_DTYPE)
+    return handed_over(ids)
 
 
 def _logprobs(choice: _Choice, tokens: int) -> np.ndarray:
@@ -244,7 +245,9 @@ def _logprobs(choice: _Choice, tokens: int) -> np.ndarray:
         raise _malformed("a logprob is not a finite number")
     if len(values) != tokens:
         raise _malformed(f"{len(values)} logprobs for {tokens} completion tokens")
-    return values.astype(np.float32, copy=False)
+    # A fresh array, or a read-only view of the reply's decoded bytes.
+    values = values.astype(np.float32, copy=False)
+    return handed_over(values) if values.flags.writeable else values
 
 
 def parse_generate_response(
@@ -448,7 +451,7 @@ def _by_handle_turn(
     """
     raw: object = None
     if _given(choice.payload):
-        raw = msgspec.json.decode(choice.payload)
+        raw = decode_segments(choice.payload)
     files: set[str] = set()
     problem: str | None = None
     if _given(choice.payload_error):

@@ -779,6 +779,8 @@ INF_PACKED = packed(np.array([-0.5, -np.inf, -1.0, -2.0], dtype=np.float32))
         body(primerl_choice(token_ids=None)),
         body(primerl_choice(token_ids=[1, True, 2, 3])),
         body(primerl_choice(token_ids=[1, -2, 2, 3])),
+        body(primerl_choice(token_ids=[1, 2**31, 2, 3])),  # past int32
+        body(primerl_choice(token_ids=[1, 2**70, 2, 3])),  # past int64 too
         body(primerl_choice(token_ids=[1, 2.0, 2, 3])),
         body(without(primerl_choice(), "finish_reason")),
         body(primerl_choice(finish_reason=None)),

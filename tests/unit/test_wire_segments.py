@@ -5,13 +5,19 @@ with its reason before any path is used."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator.payload import BadSegment, PayloadSegment
-from orchestrator.wire.segments import SEGMENT_KEYS, segment_from_wire, segment_to_wire
+from orchestrator.wire.segments import (
+    SEGMENT_KEYS,
+    decode_segments,
+    segment_from_wire,
+    segment_to_wire,
+)
 
 PAYLOAD_DIR = Path("/data/run/payloads/v3")
 NAME = "449c7816a3ec4d3eb1c51e7206126925.bin"
@@ -46,12 +52,39 @@ def mask(**changes: Any) -> dict[str, Any]:
     return obj
 
 
+def from_reply(obj: object, payload_dir: Path = PAYLOAD_DIR) -> PayloadSegment:
+    """`obj` as a reply's payload holds it: JSON, decoded by `decode_segments`."""
+    decoded = decode_segments(json.dumps([obj]).encode())
+    assert isinstance(decoded, list)
+    return segment_from_wire(decoded[0], payload_dir)
+
+
 def refused(obj: object, reason: str, payload_dir: Path = PAYLOAD_DIR) -> BadSegment:
+    """`obj` refused with `reason`, and with the same words from a reply's JSON (typed
+    by msgspec when its keys and types are a segment's, checked in Python otherwise)."""
     with pytest.raises(BadSegment) as info:
         segment_from_wire(obj, payload_dir)
     assert info.value.reason == reason, str(info.value)
     assert "\n" not in str(info.value)
+    with pytest.raises(BadSegment) as decoded:
+        from_reply(obj, payload_dir)
+    assert (decoded.value.reason, str(decoded.value)) == (reason, str(info.value))
     return info.value
+
+
+def test_a_reply_decodes_to_typed_segments_only_when_every_item_is_one() -> None:
+    good = [routing(), mask(digest=DIGEST), routing(digest=None)]
+    typed = decode_segments(json.dumps(good).encode())
+    assert isinstance(typed, list)
+    assert not any(isinstance(item, dict) for item in typed)
+    assert [segment_from_wire(item, PAYLOAD_DIR) for item in typed] == [
+        segment_from_wire(item, PAYLOAD_DIR) for item in good
+    ]
+    # One item with a bool for an int: every item is plain JSON, checked in Python.
+    assert decode_segments(json.dumps([*good, routing(pos=True)]).encode()) == [
+        *good,
+        routing(pos=True),
+    ]
 
 
 def test_the_keys_are_prime_rls_in_order() -> None:
