@@ -127,6 +127,9 @@ class PolicyWatcher:
         interval_ms = max(1, round(self.config.trainer.poll_interval_s * 1000))
         changes = watchfiles.awatch(
             weights_dir,
+            # Any change wakes the probe, which opens exact paths: the default filter
+            # (version-control and editor names) would only cost Python per event.
+            watch_filter=None,
             debounce=50,
             step=20,
             # The watcher's thread cannot be cancelled: it returns (and the daemon's
