@@ -275,7 +275,7 @@ def _fast_encoder(tokenizer: PreTrainedTokenizerBase) -> Any | None:
     padding gives: a fast tokenizer whose backend has neither set and splits special tokens
     as `tokenizer` says. Else None: the caller goes through `tokenizer`, which sets them so.
 
-    A 4,000-token prompt tokenizes in 2.9 ms this way against 4.0 ms through transformers'
+    A 5,000-token prompt tokenizes in 2.9 ms this way against 4.0 ms through transformers'
     call, which computes the offsets and builds a `BatchEncoding` (docs/design.md §12).
     """
     backend: Any = getattr(tokenizer, "backend_tokenizer", None)
