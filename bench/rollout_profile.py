@@ -351,12 +351,22 @@ def report(
     return "\n".join(lines)
 
 
+def _rollouts_per_step(text: str) -> int:
+    size = int(text) if text.isdigit() else 0
+    if size <= 0 or size % 4:
+        raise argparse.ArgumentTypeError(f"not a positive multiple of 4: {text!r}")
+    return size
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS[:3]))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument(
-        "--batch-size", type=int, default=None, help="rollouts per step (default: the demo's)"
+        "--batch-size",
+        type=_rollouts_per_step,
+        default=None,
+        help="rollouts per step, a multiple of the group size 4 (default: the demo's 16)",
     )
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--old", default=DEFAULT_OLD, help="the revision to compare with")

@@ -6,8 +6,9 @@ replies arrive together, their parses and sample builds run back to back in one 
 twenty of them are about 12 ms of Python, stretched to 40 ms when the core is shared with
 the fleet (docs/benchmarks.md, the scale benchmark on every core). A `PassBudget`, a trio
 instrument that notes when each pass starts, lets a task ask between two pieces of its
-work whether the pass has run past its budget; if it has, the task checkpoints and the
-rest of its work runs in a later pass, after the timers and sockets.
+work whether the pass has run past its budget; if it has, the task waits in the
+budget's line and the rest of its work runs in a later pass, after the timers and
+sockets.
 
 `keep_passes_short` installs one for the daemon's run; `yield_if_pass_is_long` is the
 question (free when no budget is installed: tests and tools that drive the pieces alone).
@@ -131,9 +132,9 @@ def keep_passes_short(budget_s: float = PASS_BUDGET_S) -> Iterator[PassBudget]:
 
 
 async def yield_if_pass_is_long() -> None:
-    """Checkpoint until a pass has budget left (a cancellation point only when the current
-    one has run past it). Asked again in each later pass: twenty tasks deferred together
-    must not all run in the next one."""
+    """Go on, or wait in line for a later pass with budget left when the current one has
+    run past it (a cancellation point only then): twenty tasks deferred together do not
+    all run in the next pass (`PassBudget`)."""
     budget = _BUDGET.get()
     if budget is None:
         return

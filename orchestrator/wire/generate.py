@@ -245,9 +245,8 @@ def _logprobs(choice: _Choice, tokens: int) -> np.ndarray:
         raise _malformed("a logprob is not a finite number")
     if len(values) != tokens:
         raise _malformed(f"{len(values)} logprobs for {tokens} completion tokens")
-    # A fresh array, or a read-only view of the reply's decoded bytes.
-    values = values.astype(np.float32, copy=False)
-    return handed_over(values) if values.flags.writeable else values
+    # Fresh: decoded from the reply's bytes (a copy of them), or converted.
+    return handed_over(values.astype(np.float32, copy=False))
 
 
 def parse_generate_response(
