@@ -51,7 +51,7 @@ async def test_tasks_deferred_together_are_spread_over_passes() -> None:
     counter = CountPasses()
     trio.lowlevel.add_instrument(counter)
     try:
-        with keep_passes_short(budget_s=0.002) as budget:
+        with trio.fail_after(10), keep_passes_short(budget_s=0.002) as budget:
             budget.pass_started = time.perf_counter() - 1.0  # this pass is long already
             budget.granted = True
             async with trio.open_nursery() as nursery:
