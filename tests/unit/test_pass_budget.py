@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import attrs
 import trio
 import trio.testing
 
@@ -30,79 +31,76 @@ async def test_a_fresh_pass_goes_on_and_a_long_one_yields_until_a_new_pass() -> 
         assert budget.yields >= 1
 
 
-async def test_tasks_deferred_together_are_spread_over_passes() -> None:
-    # Ten tasks, 1 ms of work each after the question, a 2 ms budget: no pass runs all
-    # of them (the question is asked again in each later pass).
-    passes = 0
-    worked_in: list[int] = []  # the pass each task's work ran in
+def _busy(seconds: float) -> None:
+    """Work on the loop's thread for `seconds` (a reply's parse, say)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
-    class CountPasses(trio.abc.Instrument):
+
+@attrs.frozen
+class _Deferred:
+    worked_in: list[int]  # the pass each task's work ran in, in the order they worked
+    steps: int  # the tasks' steps, all told
+    yields: int  # the budget's count of deferrals
+
+
+async def _deferred_together(count: int) -> _Deferred:
+    """`count` tasks that ask in a pass already past its 2 ms budget, then work 1 ms
+    each; counted by a trio instrument."""
+    passes = steps = 0
+    workers: set[trio.lowlevel.Task] = set()
+    worked_in: list[int] = []
+
+    class Count(trio.abc.Instrument):
         def after_io_wait(self, timeout: float) -> None:
             nonlocal passes
             passes += 1
 
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            nonlocal steps
+            steps += task in workers
+
     async def work() -> None:
+        workers.add(trio.lowlevel.current_task())
         await yield_if_pass_is_long()
         worked_in.append(passes)
-        end = time.perf_counter() + 0.001
-        while time.perf_counter() < end:
-            pass
+        _busy(0.001)
 
-    counter = CountPasses()
+    counter = Count()
     trio.lowlevel.add_instrument(counter)
     try:
         with trio.fail_after(10), keep_passes_short(budget_s=0.002) as budget:
             budget.pass_started = time.perf_counter() - 1.0  # this pass is long already
             budget.granted = True
             async with trio.open_nursery() as nursery:
-                for _ in range(10):
+                for _ in range(count):
                     nursery.start_soon(work)
     finally:
         trio.lowlevel.remove_instrument(counter)
-    assert len(worked_in) == 10
+    assert len(worked_in) == count
+    return _Deferred(worked_in, steps, budget.yields)
+
+
+async def test_tasks_deferred_together_are_spread_over_passes() -> None:
+    # Ten tasks, 1 ms of work each after the question, a 2 ms budget: no pass runs all
+    # of them.
+    deferred = await _deferred_together(10)
+    worked_in = deferred.worked_in
     # About budget / 1 ms + 1 tasks' work per pass (fewer on a busy machine), never all.
-    per_pass = [worked_in.count(n) for n in set(worked_in)]
-    assert max(per_pass) <= 4
+    assert max(worked_in.count(n) for n in set(worked_in)) <= 4
     # Each task that did not go on in the first pass was deferred, once.
-    assert budget.yields == sum(1 for n in worked_in if n != min(worked_in))
+    assert deferred.yields == sum(1 for n in worked_in if n != min(worked_in))
 
 
 async def test_deferred_tasks_wait_in_line_and_are_woken_once_not_every_pass() -> None:
-    # Forty tasks deferred together, 1 ms of work each, a 2 ms budget: they take about
-    # twenty passes. Checkpointing until a pass has room would step each task in every
-    # pass until its turn (some four hundred steps); in line, a task steps when woken and,
-    # at most, once more when the tasks before it in the batch spent the pass.
-    steps = 0
-    workers: set[trio.lowlevel.Task] = set()
-    order: list[int] = []
-
-    class CountSteps(trio.abc.Instrument):
-        def before_task_step(self, task: trio.lowlevel.Task) -> None:
-            nonlocal steps
-            steps += task in workers
-
-    async def work(index: int) -> None:
-        workers.add(trio.lowlevel.current_task())
-        await yield_if_pass_is_long()
-        order.append(index)
-        end = time.perf_counter() + 0.001
-        while time.perf_counter() < end:
-            pass
-
-    counter = CountSteps()
-    trio.lowlevel.add_instrument(counter)
-    try:
-        with trio.fail_after(10), keep_passes_short(budget_s=0.002) as budget:
-            budget.pass_started = time.perf_counter() - 1.0
-            budget.granted = True
-            async with trio.open_nursery() as nursery:
-                for index in range(40):
-                    nursery.start_soon(work, index)
-    finally:
-        trio.lowlevel.remove_instrument(counter)
-    assert sorted(order) == list(range(40))
-    assert budget.yields >= 30
-    assert steps <= 3 * 40
+    # Forty tasks deferred together take about twenty passes. Checkpointing until a pass
+    # has room would step each task in every pass until its turn (some four hundred
+    # steps); in line, a task steps when it asks, when woken and, at most, once more when
+    # the tasks before it in the batch spent the pass.
+    deferred = await _deferred_together(40)
+    assert deferred.yields >= 30
+    assert deferred.steps <= 3 * 40
 
 
 async def test_tasks_cancelled_in_line_leave_it_and_the_line_goes_on() -> None:
@@ -114,9 +112,7 @@ async def test_tasks_cancelled_in_line_leave_it_and_the_line_goes_on() -> None:
             asked.append(index)
             await yield_if_pass_is_long()
             went.append(index)
-            end = time.perf_counter() + 0.003  # past the budget: one task a pass
-            while time.perf_counter() < end:
-                pass
+            _busy(0.003)  # past the budget: one task a pass
 
     async def deferred_together(count: int, cancel: int) -> set[int]:
         """`count` tasks deferred together, `cancel` of them cancelled while they wait;
