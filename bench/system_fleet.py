@@ -23,6 +23,7 @@ from pathlib import Path
 import attrs
 import trio
 
+import orchestrator
 from orchestrator.commands.launch import launch_run
 from orchestrator.config import Config, load_config
 from orchestrator.daemon import RunOutcome
@@ -30,7 +31,9 @@ from orchestrator.daemon.run_state import RunState
 from orchestrator.logs import configure_logging
 
 REPO = Path(__file__).resolve().parent.parent
-DEMO = REPO / "configs" / "sim.toml"
+# The config of the tree whose code runs (an older revision's, for a comparison: its code
+# refuses keys that came after it).
+DEMO = Path(orchestrator.__file__).resolve().parents[1] / "configs" / "sim.toml"
 
 
 @attrs.frozen

@@ -18,14 +18,22 @@ daemon's ceiling even when the servers (sharing one core) are what limits the wa
 rate. A last, unreported by-handle round of the target's workload runs under pyinstrument;
 the top functions by own time say where the daemon's time goes.
 
+`--old REV` runs every round twice, once on this checkout and once on `REV` (a git
+worktree run by this checkout's virtual environment, bench/_old_tree.py, fleet included),
+each in a fresh process, and sets the figures side by side: the machines are noisy, so a
+speed-up is a ratio taken in one run.
+
     uv run --frozen --group bench python bench/system_throughput.py
-        [--steps N] [--batch-size N] [--servers N] [--no-profile]
+        [--steps N] [--batch-size N] [--servers N] [--no-profile] [--old REV]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +42,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import cattrs
 import trio
+from _old_tree import old_tree, python_path, resolve
 from _report import git_revision, machine, write_section
 from system_fleet import (
     CorePlan,
@@ -286,6 +296,45 @@ def _frame_name(frame: Any) -> str:
     return f"{frame.function} ({path}:{frame.line_no})"
 
 
+def run_rounds(args: argparse.Namespace, cores: CorePlan, base: Path) -> list[RoundResult]:
+    """Every workload's rounds on the code this process imports (warm-ups left out)."""
+    results: list[RoundResult] = []
+    rounds = [(shape, mode) for shape in SHAPES for mode in ROUNDS]
+    for number, (shape, mode) in enumerate(rounds):
+        result = run_round(shape, mode, args, cores, base, number)
+        # stderr: a worker's stdout carries its results.
+        print(
+            f"{stamp()} round {number} {shape} {mode:9s}: {result.rate:,.0f} rollouts/s "
+            f"({result.rollouts:,} in {result.seconds:.2f} s), "
+            f"{result.per_cpu_second:,.0f} rollouts per daemon CPU-second "
+            f"({1 - result.main_cpu_s / result.cpu_s:.0%} in worker threads), "
+            f"outcomes {result.outcomes}, discards {result.discards}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if mode != "warm_up":
+            results.append(result)
+    return results
+
+
+def rounds_in_process(args: argparse.Namespace, tree: Path | None) -> list[RoundResult]:
+    """`run_rounds` in a fresh process of this script, on `tree`'s code (None: this
+    checkout's)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if tree is not None:
+        env["PYTHONPATH"] = python_path(tree)
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        *("--steps", str(args.steps), "--batch-size", str(args.batch_size)),
+        *("--group-size", str(args.group_size), "--max-inflight", str(args.max_inflight)),
+        *("--servers", str(args.servers), "--dir", str(args.dir)),
+    ]
+    done = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True)
+    return [cattrs.structure(row, RoundResult) for row in json.loads(done.stdout)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12, help="batches per round")
@@ -294,72 +343,85 @@ def main() -> int:
     parser.add_argument("--max-inflight", type=int, default=64, help="rollouts in flight")
     parser.add_argument("--servers", type=int, default=1, help="sim-inference processes")
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled round")
+    parser.add_argument("--old", help="an older revision to measure beside this checkout")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps < 3:
         parser.error("need --steps >= 3 (the steady window starts at the first batch)")
     cores = plan_cores()
     pin_self(cores.daemon)
     quiet_daemon_logs()
+    if args.worker:
+        with tempfile.TemporaryDirectory(prefix="system-throughput-", dir=args.dir) as tmp:
+            results = run_rounds(args, cores, Path(tmp))
+        print(json.dumps(cattrs.unstructure(results)))
+        return 0
     command = "uv run --frozen --group bench python bench/system_throughput.py " + " ".join(
         sys.argv[1:]
     )
-    results: list[RoundResult] = []
+    old: tuple[str, list[RoundResult]] | None = None
+    if args.old:
+        # The old code first, then this checkout's, each in a fresh process.
+        old = (resolve(args.old)[:7], rounds_in_process(args, old_tree(args.old)))
+        results = rounds_in_process(args, None)
     profile: Profile | None = None
     with tempfile.TemporaryDirectory(prefix="system-throughput-", dir=args.dir) as tmp:
         base = Path(tmp)
-        rounds = [(shape, mode) for shape in SHAPES for mode in ROUNDS]
-        for number, (shape, mode) in enumerate(rounds):
-            result = run_round(shape, mode, args, cores, base, number)
-            print(
-                f"{stamp()} round {number} {shape} {mode:9s}: {result.rate:,.0f} rollouts/s "
-                f"({result.rollouts:,} in {result.seconds:.2f} s), "
-                f"{result.per_cpu_second:,.0f} rollouts per daemon CPU-second "
-                f"({1 - result.main_cpu_s / result.cpu_s:.0%} in worker threads), "
-                f"outcomes {result.outcomes}, discards {result.discards}",
-                flush=True,
-            )
-            if mode != "warm_up":
-                results.append(result)
+        if old is None:
+            results = run_rounds(args, cores, base)
         if not args.no_profile:
             print(f"{stamp()} profiling one more by-handle round", flush=True)
             profile = profile_round(args, cores, base)
-    markdown = report(results, profile, args, cores, command)
+    markdown = report(results, old, profile, args, cores, command)
     print(markdown)
     write_section("system_throughput", markdown)
     return 0
 
 
+def _pooled_rate(rounds: list[RoundResult]) -> float:
+    return sum(r.rollouts for r in rounds) / sum(r.seconds for r in rounds)
+
+
+def _pooled_cpu(rounds: list[RoundResult]) -> float:
+    return sum(r.rollouts for r in rounds) / sum(r.cpu_s for r in rounds)
+
+
+def _of(rounds: list[RoundResult], shape: str, mode: str) -> list[RoundResult]:
+    return [r for r in rounds if r.shape == shape and r.mode == mode]
+
+
 def report(
     results: list[RoundResult],
+    old: tuple[str, list[RoundResult]] | None,
     profile: Profile | None,
     args: argparse.Namespace,
     cores: CorePlan,
     command: str,
 ) -> str:
-    def pooled_rate(rounds: list[RoundResult]) -> float:
-        return sum(r.rollouts for r in rounds) / sum(r.seconds for r in rounds)
-
-    def pooled_cpu(rounds: list[RoundResult]) -> float:
-        return sum(r.rollouts for r in rounds) / sum(r.cpu_s for r in rounds)
+    """The section of docs/benchmarks.md: `results` are this checkout's rounds, `old` an
+    older revision's (its short id and rounds) when `--old` was given."""
+    pooled_rate, pooled_cpu = _pooled_rate, _pooled_cpu
 
     def by_mode(shape: str, mode: str) -> list[RoundResult]:
-        return [r for r in results if r.shape == shape and r.mode == mode]
+        return _of(results, shape, mode)
 
     def describe(name: str) -> str:
         return SHAPES[name].describe()
 
     rows = [
-        "| model | round | mode | rollouts/s | daemon CPU share | of it in worker threads "
-        "| rollouts per daemon CPU-s |",
-        "|---|---:|---|---:|---:|---:|---:|",
+        "| model | revision | round | mode | rollouts/s | daemon CPU share "
+        "| of it in worker threads | rollouts per daemon CPU-s |",
+        "|---|---|---:|---|---:|---:|---:|---:|",
     ]
-    for number, result in enumerate(results, start=1):
-        rows.append(
-            f"| {describe(result.shape)} | {number} | {result.mode} | {result.rate:,.0f} | "
-            f"{result.cpu_s / result.seconds:.0%} | {1 - result.main_cpu_s / result.cpu_s:.0%} | "
-            f"{result.per_cpu_second:,.0f} |"
-        )
+    measured = [(git_revision(), results), *([old] if old is not None else [])]
+    for revision, rounds in measured:
+        for number, result in enumerate(rounds, start=1):
+            rows.append(
+                f"| {describe(result.shape)} | {revision} | {number} | {result.mode} | "
+                f"{result.rate:,.0f} | {result.cpu_s / result.seconds:.0%} | "
+                f"{1 - result.main_cpu_s / result.cpu_s:.0%} | {result.per_cpu_second:,.0f} |"
+            )
     findings: list[str] = []
     for name in SHAPES:
         handle, inline = by_mode(name, "by_handle"), by_mode(name, "inline")
@@ -386,6 +448,8 @@ def report(
                 f"set by the servers and trainer sharing the other core: "
                 f"{'met' if handle_rate >= TARGET_ROLLOUTS_PER_S else 'missed'} there."
             )
+        if old is not None:
+            findings.append(_against_old(describe(name), name, results, *old))
     lines = [
         "## System: orchestrator ceiling (`bench/system_throughput.py`)",
         "",
@@ -407,7 +471,13 @@ def report(
         "then by handle, inline, inline, by handle. Rates cover the steady window from the "
         "first shipped batch to the last; the CPU figure divides by the daemon process's own "
         "CPU time (every thread) in that window, so it is the daemon's ceiling on one core "
-        "whatever limits the wall clock.",
+        "whatever limits the wall clock."
+        + (
+            f" The rounds of {old[0]} (its daemon and fleet) ran first, then this "
+            "checkout's, each set in a fresh process."
+            if old is not None
+            else ""
+        ),
         "",
         *rows,
         "",
@@ -452,6 +522,22 @@ def report(
             ),
         ]
     return "\n".join(lines)
+
+
+def _against_old(
+    described: str, shape: str, new: list[RoundResult], revision: str, old: list[RoundResult]
+) -> str:
+    """One workload's rollouts per daemon CPU-second, this checkout against `revision`."""
+    parts = []
+    for mode in ("by_handle", "inline"):
+        before, after = _pooled_cpu(_of(old, shape, mode)), _pooled_cpu(_of(new, shape, mode))
+        parts.append(
+            f"{mode.replace('_', ' ')} {before:,.0f} -> {after:,.0f} ({after / before:.2f}x)"
+        )
+    return (
+        f"- Against {revision} in the same run, {described}, rollouts per daemon "
+        f"CPU-second: {'; '.join(parts)}."
+    )
 
 
 def _spread(values: list[float]) -> float:
