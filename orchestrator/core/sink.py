@@ -131,6 +131,10 @@ def _judge(group: GroupResult, limits: SinkLimits, bound: int) -> _Verdict:
             discards[rollout.failure] += 1
     if not scored:
         return _Verdict(discards, ())
+    by_rewards = discarded_by_rewards([rollout.reward for rollout in scored], limits)
+    if by_rewards is not None:
+        discards[by_rewards] += sum(_units(rollout) for rollout in scored)
+        return _Verdict(discards, ())
     mean_reward = math.fsum(rollout.reward for rollout in scored) / len(scored)
 
     survivors: list[QueuedSample] = []
@@ -165,15 +169,32 @@ def _judge(group: GroupResult, limits: SinkLimits, bound: int) -> _Verdict:
                 )
             )
 
-    if all(abs(queued.sample.advantage) < _ZERO_ADVANTAGE for queued in survivors):
+    # The rewards differ, but the branches left may not (the others were untrainable).
+    if _without_signal(queued.sample.advantage for queued in survivors):
         discards[Discard.NO_SIGNAL] = len(survivors)
         return _Verdict(discards, ())
-    # Written as "not inside" so that a NaN mean reward is rejected too.
-    lo, hi = limits.curriculum_min_mean_reward, limits.curriculum_max_mean_reward
-    if not lo <= mean_reward <= hi:
-        discards[Discard.CURRICULUM] = len(survivors)
-        return _Verdict(discards, ())
     return _Verdict(discards, tuple(survivors))
+
+
+def discarded_by_rewards(rewards: Sequence[float], limits: SinkLimits) -> Discard | None:
+    """Why a group whose scored (non-failed) members have `rewards` ships nothing,
+    whatever their branches hold, or `None`: the rewards are all equal, so no advantage
+    is left (`NO_SIGNAL`), or their mean lies outside the curriculum's range
+    (`CURRICULUM`). `rewards` is not empty.
+
+    `TrainSink.admit` applies it before it looks at any branch; the daemon asks first,
+    so that it neither reads the files of such a group nor builds its samples."""
+    mean = math.fsum(rewards) / len(rewards)
+    if _without_signal(reward - mean for reward in rewards):
+        return Discard.NO_SIGNAL
+    # Written as "not inside" so that a NaN mean reward is rejected too.
+    if not limits.curriculum_min_mean_reward <= mean <= limits.curriculum_max_mean_reward:
+        return Discard.CURRICULUM
+    return None
+
+
+def _without_signal(advantages: Iterable[float]) -> bool:
+    return all(abs(advantage) < _ZERO_ADVANTAGE for advantage in advantages)
 
 
 @attrs.define
@@ -275,11 +296,14 @@ class TrainSink:
            every member is discarded.
         2. *failed* / *reward_failed*: each failed member is discarded (its request, or its
            reward, failed).
-        3. advantages: each member's reward minus the mean reward of the non-failed ones.
-        4. *untrainable*: a branch marked untrainable, without loss tokens or longer than
+        3. *no_signal* / *curriculum* by the rewards alone (`discarded_by_rewards`): the
+           non-failed members' rewards are all equal, or their mean is outside the
+           curriculum's range: each of them is discarded, whatever its branches hold
+           (the daemon builds no branch for such a group).
+        4. advantages: each member's reward minus the mean reward of the non-failed ones.
+        5. *untrainable*: a branch marked untrainable, without loss tokens or longer than
            `max_seq_len` is discarded (so is a member that yielded no branch).
-        5. *no_signal*: every remaining advantage is zero (or nothing remains).
-        6. *curriculum*: the mean reward is outside the curriculum's range.
+        6. *no_signal*: every remaining advantage is zero (or nothing remains).
         7. the remaining samples are queued as one group, holding their files.
 
         Returned: every file of the group (a member's `files` and its samples' `files`)

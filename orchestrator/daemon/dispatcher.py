@@ -76,7 +76,7 @@ class Dispatcher:
             refusals=RefusalWatch(config.inference.refusal_stop_s),
             desk=self.desk,
         )
-        self._finisher = RolloutFinisher(config, state, self.file_limiter)
+        self._finisher = RolloutFinisher(config, state, self.sink.limits, self.file_limiter)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start groups until cancelled, drawing the environment's prompts from

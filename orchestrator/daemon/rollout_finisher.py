@@ -1,6 +1,8 @@
 """What becomes of a rollout once its turns are over, before its group is handed on: its
-payload files checked on disk, its episode scored, its sample built, and every problem
-recorded as a rejection. The dispatcher (`orchestrator.daemon.dispatcher`) keeps only
+episode scored, its payload files checked on disk, its sample built, and every problem
+recorded as a rejection. A group the sink will discard on its rewards alone (no signal,
+or outside the curriculum) gets neither the read of its files nor its samples: it could
+not ship whatever they held. The dispatcher (`orchestrator.daemon.dispatcher`) keeps only
 dispatch and hands each group here; the evaluator scores its rollouts through the same
 `score`.
 
@@ -21,6 +23,7 @@ from orchestrator.config import Config
 from orchestrator.core.environments import ScoreFailed
 from orchestrator.core.rollouts import Discard, RolloutResult
 from orchestrator.core.samples import build_sample
+from orchestrator.core.sink import SinkLimits, discarded_by_rewards
 from orchestrator.daemon.inference.client import TurnFiles, check_turn_files
 from orchestrator.daemon.pass_budget import yield_if_pass_is_long
 from orchestrator.daemon.rollout_run import RolloutRun
@@ -40,6 +43,7 @@ class RolloutFinisher:
 
     config: Config
     state: RunState
+    limits: SinkLimits  # the sink's: which groups it discards on their rewards alone
     file_limiter: trio.CapacityLimiter
 
     async def finish_group(
@@ -50,28 +54,59 @@ class RolloutFinisher:
         *,
         check_files: bool,
     ) -> tuple[RolloutResult, ...]:
-        """Every member's result, in member order: its files checked first (when
-        `check_files`), then scored concurrently (a reward may run in a worker process or
-        on another machine). A member that never ran (`None`) was cancelled."""
-        if check_files:
-            await self.check_files([run for run in runs if run is not None])
-        finished: list[RolloutResult | None] = [None] * len(runs)
+        """Every member's result, in member order. The members are scored first,
+        concurrently (a reward may run in a worker process or on another machine). A
+        group the sink discards on its rewards alone (`discarded_by_rewards`: all equal,
+        or a mean outside the curriculum) ships nothing whatever its samples would hold:
+        its files are only looked at for their sizes (`check_files`, not read), and its
+        results carry rewards and files but no sample. Any other group has its files
+        checked (when `check_files`) and then each member's sample built. A member that
+        never ran (`None`) was cancelled."""
+        scored: list[float | RolloutResult] = [0.0] * len(runs)
 
-        async def finish(index: int, run: RolloutRun) -> None:
-            finished[index] = await self.finish(run)
+        async def score_member(index: int, run: RolloutRun) -> None:
+            scored[index] = await self._score(run)
 
         async with trio.open_nursery() as nursery:
             for index, run in enumerate(runs):
                 if run is None:
-                    finished[index] = RolloutResult(
+                    scored[index] = RolloutResult(
                         f"{group_id}-r{index}", start_version, failed="cancelled"
                     )
                 else:
-                    nursery.start_soon(finish, index, run)
-        return tuple(result for result in finished if result is not None)
+                    nursery.start_soon(score_member, index, run)
+        rewards = [reward for reward in scored if not isinstance(reward, RolloutResult)]
+        ships = bool(rewards) and discarded_by_rewards(rewards, self.limits) is None
+        if check_files:
+            await self.check_files([run for run in runs if run is not None], read=ships)
+        results: list[RolloutResult] = []
+        for run, reward in zip(runs, scored, strict=True):
+            if isinstance(reward, RolloutResult):
+                results.append(reward)
+                continue
+            assert run is not None  # a member that never ran has its result already
+            if ships:
+                await yield_if_pass_is_long()
+                results.append(self._built(run, reward))
+            else:
+                # Poisoned as far as the reply and the sizes on disk tell.
+                poisoned = any(turn.poisoned for _, turn in run.turns)
+                self.state.dispatch.rollouts["poisoned" if poisoned else "completed"] += 1
+                results.append(
+                    RolloutResult(
+                        run.rollout_id,
+                        run.version,
+                        reward=reward,
+                        files=_files(run),
+                        metrics=run.metrics,
+                    )
+                )
+        return tuple(results)
 
-    async def check_files(self, runs: Sequence[RolloutRun]) -> None:
-        """Check every segment file of the group on disk, in one worker-thread call.
+    async def check_files(self, runs: Sequence[RolloutRun], *, read: bool = True) -> None:
+        """Check every segment file of the group on disk, in one worker-thread call; with
+        `read` false, only each file's size (what the run's account of the disk needs),
+        none of its bytes (`check_turn_files`).
 
         Once per group rather than per turn: a bad file only makes a rollout untrainable
         (the episode's tokens stay good), so the check can wait until the group is done.
@@ -93,7 +128,10 @@ class RolloutFinisher:
             except PayloadGCError as exc:
                 return [TurnFiles(f"payload root: {exc}", {}) for _ in checks]
             with opened:
-                return [check_turn_files(t, files=opened, version=r.version) for r, _, t in checks]
+                return [
+                    check_turn_files(t, files=opened, version=r.version, read=read)
+                    for r, _, t in checks
+                ]
 
         found = await trio.to_thread.run_sync(check_all, limiter=self.file_limiter)
         # What servers wrote, counted as found on disk (never the sizes replies claim):
@@ -116,26 +154,30 @@ class RolloutFinisher:
                 prompt_len = run.turns[index][0]
                 run.turns[index] = (prompt_len, attrs.evolve(turn, poisoned=problem))
 
-    async def finish(self, run: RolloutRun) -> RolloutResult:
-        """Score a finished rollout and build its sample."""
+    async def _score(self, run: RolloutRun) -> float | RolloutResult:
+        """The reward of a finished rollout, or its result when it failed (its request,
+        or its reward)."""
         dispatch = self.state.dispatch
-        files = frozenset(f for _, turn in run.turns for f in turn.files)
         if run.failed is not None:
             stopped = run.failure_kind == "stopped"
             dispatch.rollouts["stopped" if stopped else "failed"] += 1
-            return RolloutResult(run.rollout_id, run.version, files=files, failed=run.failed)
+            return RolloutResult(run.rollout_id, run.version, files=_files(run), failed=run.failed)
         try:
-            reward = await score(run)
+            return await score(run)
         except ScoreFailed as exc:
             dispatch.rollouts["reward_failed"] += 1
             return RolloutResult(
                 run.rollout_id,
                 run.version,
-                files=files,
+                files=_files(run),
                 failed=f"reward failed: {exc}",
                 failure=Discard.REWARD_FAILED,
             )
-        await yield_if_pass_is_long()
+
+    def _built(self, run: RolloutRun, reward: float) -> RolloutResult:
+        """A scored rollout's result, with its sample built."""
+        dispatch = self.state.dispatch
+        files = _files(run)
         try:
             sample, routing_dropped = build_sample(
                 run.rollout_id,
@@ -176,3 +218,8 @@ class RolloutFinisher:
             files=files,
             metrics=run.metrics,
         )
+
+
+def _files(run: RolloutRun) -> frozenset[str]:
+    """Every payload file the rollout's turns wrote."""
+    return frozenset(f for _, turn in run.turns for f in turn.files)

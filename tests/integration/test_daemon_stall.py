@@ -69,8 +69,10 @@ async def test_every_sample_too_long_warns_and_status_shows_it(
     assert last["since"] == "start"
     assert last["step"] == 1 and last["needed_samples"] == config.batch.size
     assert last["queued_samples"] == 0
-    # The dominant discard reason, with what it usually means.
-    assert max(last["discards"], key=last["discards"].get) == "untrainable"
+    # What took the groups with signal, with what it usually means (the others count
+    # under what their rewards decided: no_signal, curriculum).
+    assert set(last["discards"]) <= {"untrainable", "no_signal", "curriculum"}
+    assert last["discards"]["untrainable"] > 0
     assert "max_seq_len" in last["hint"]
 
     # The progress lines came first (at info level), under the warning's names.
@@ -78,7 +80,10 @@ async def test_every_sample_too_long_warns_and_status_shows_it(
     assert lines and logs.index(lines[0]) < logs.index(stalls[0])
     assert {line["log_level"] for line in lines} == {"info"}
     busy = [line for line in lines if line["discards"]]
-    assert busy and all(set(line["discards"]) == {"untrainable"} for line in busy)
+    assert busy and all(
+        set(line["discards"]) <= {"untrainable", "no_signal", "curriculum"} for line in busy
+    )
+    assert any("untrainable" in line["discards"] for line in busy)
     # A group is discarded after its last rollout completed, under load in a later
     # interval, whose line then has discards and no completions: the completions are in
     # that line's interval or an earlier one.

@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 from orchestrator.core.rollouts import Discard, GroupResult, RolloutResult, Sample
-from orchestrator.core.sink import SinkLimits, SinkNotReady, TrainSink
+from orchestrator.core.sink import SinkLimits, SinkNotReady, TrainSink, discarded_by_rewards
 from orchestrator.core.staleness import Staleness
 from orchestrator.handoff import read_batch_file, write_batch_file
 
@@ -347,6 +347,50 @@ def test_no_signal_is_judged_before_the_curriculum() -> None:
     sink.admit(group("g", 3, simple("a", 5.0), simple("b", 5.0)), NEXT_STEP)
 
     assert sink.counters == counts(no_signal=2)
+
+
+@pytest.mark.parametrize(
+    ("rewards", "reason"),
+    [
+        ((0.5, 0.5, 0.5), "no_signal"),
+        ((0.1, 0.1, 0.1), "no_signal"),  # float residues of the mean are no signal
+        ((0.0, 1.0), None),
+        ((2.0, 1.0), "curriculum"),  # mean 1.5
+        ((float("nan"), 0.0), "curriculum"),
+        ((5.0, 5.0), "no_signal"),  # judged before the curriculum
+    ],
+)
+def test_discarded_by_rewards_foresees_the_sinks_verdict(
+    rewards: tuple[float, ...], reason: str | None
+) -> None:
+    verdict = discarded_by_rewards(rewards, LIMITS)
+    assert (verdict.value if verdict is not None else None) == reason
+    sink = TrainSink(LIMITS)
+    sink.admit(group("g", 3, *(simple(f"r{i}", r) for i, r in enumerate(rewards))), 4)
+    assert sink.queued_samples == (len(rewards) if reason is None else 0)
+
+
+@pytest.mark.parametrize(
+    ("rewards", "reason"), [((1.0, 1.0), "no_signal"), ((3.0, 2.0), "curriculum")]
+)
+def test_a_group_its_rewards_discard_is_counted_whole_under_that_reason(
+    rewards: tuple[float, float], reason: str
+) -> None:
+    sink = TrainSink(LIMITS)
+    # Whatever its branches hold (one untrainable), or without branches at all (the
+    # daemon builds none for such a group): every member counts under the reason.
+    members = (
+        member("a", rewards[0], branch("a", path("a"), untrainable="poisoned")),
+        simple("b", rewards[1]),
+        member("c", rewards[0], extra_files=(path("c"),)),
+        member("d", 0.0, extra_files=(path("d"),), failed="request failed"),
+    )
+
+    deleted = sink.admit(group("g", 3, *members), NEXT_STEP)
+
+    assert deleted == sorted(path(name) for name in "abcd")
+    assert sink.counters == counts(**{reason: 3, "failed": 1})
+    assert_balanced(sink)
 
 
 # -- the sweep ------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import structlog.testing
 import trio
 import trio.testing
@@ -79,6 +80,29 @@ def test_untrainable_from_refused_payloads_names_the_refusal_not_the_length() ->
     )
     report = StallWatch(stall_s=60.0, started_at=100.0).check(160.0, mostly_long)
     assert report is not None and "max_seq_len" in report.log_fields()["hint"]
+
+
+@pytest.mark.parametrize(
+    ("discards", "hint"),
+    [
+        # Every sample too long, behind a majority of groups without signal (counted
+        # whole under no_signal): the length is what keeps batches from filling.
+        (
+            {"no_signal": 700, "curriculum": 50, "untrainable": 300},
+            "most discards besides no_signal and curriculum are untrainable: samples longer",
+        ),
+        ({"no_signal": 700, "stale": 3}, "besides no_signal and curriculum are stale"),
+        # Nothing but groups their rewards discard: that is the cause.
+        ({"no_signal": 700, "curriculum": 50}, "most discards are no_signal: groups whose"),
+        ({"untrainable": 300, "stale": 3}, "most discards are untrainable: samples longer"),
+    ],
+)
+def test_the_hint_names_what_took_the_groups_with_signal(
+    discards: dict[str, int], hint: str
+) -> None:
+    report = StallWatch(stall_s=60.0, started_at=100.0).check(160.0, figures(discards=discards))
+    assert report is not None
+    assert hint in report.log_fields()["hint"]
 
 
 def test_a_shipped_batch_restarts_the_clock_and_the_counts() -> None:

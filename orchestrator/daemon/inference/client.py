@@ -57,13 +57,16 @@ class TurnFiles:
     sizes: Mapping[str, int]
 
 
-def check_turn_files(turn: TurnOutput, *, files: PayloadRootFiles, version: int) -> TurnFiles:
+def check_turn_files(
+    turn: TurnOutput, *, files: PayloadRootFiles, version: int, read: bool = True
+) -> TurnFiles:
     """Look at the turn's files in `v<version>` of the open payload root (payload_gc's
     fd-relative, no-follow access: a version directory that is a link or a mount point
-    is refused): each must be a regular file holding its segments' bytes. Under
+    is refused): each must be a regular file holding its segments' bytes. With `read`,
+    the routing's first rows are read and checked (`repeated_ids_problem`), and under
     disaggregated prefill/decode the routing rows both sides wrote must agree: they are
     read from both files and compared (`overlap_problem`). Blocking: one `lstat` per file,
-    and for a disaggregated turn one small read from each side's file."""
+    and with `read` one small read from each routing segment's file."""
     prefill = turn.prefill_routing
     checked = turn.poisoned is None and (bool(turn.segments) or prefill is not None)
     try:
@@ -86,6 +89,8 @@ def check_turn_files(turn: TurnOutput, *, files: PayloadRootFiles, version: int)
         try:
             for segment in segments:
                 check_within(segment, sizes[segment.file])
+            if not read:
+                return TurnFiles(None, sizes)
             if prefill is not None and decode is not None:
                 problem = overlap_problem(directory, prefill, decode)
             for routing in (prefill, decode):

@@ -27,6 +27,7 @@ import attrs
 import structlog
 import trio
 
+from orchestrator.core.rollouts import Discard
 from orchestrator.daemon.rejections import top_error
 from orchestrator.daemon.reporting.run_snapshot import RunSnapshot, grown
 from orchestrator.handoff import TopError
@@ -47,6 +48,8 @@ DISCARD_HINTS = {
     "curriculum": "groups whose mean reward is outside batch.curriculum_*",
     "pruned": "surplus samples of a batch",
 }
+#: The reasons a group's rewards decide, whatever its samples (`discarded_by_rewards`).
+BY_REWARDS = (Discard.NO_SIGNAL.value, Discard.CURRICULUM.value)
 
 
 @attrs.frozen
@@ -114,11 +117,23 @@ class StallReport:
 
 
 def discard_hint(recent: Recent) -> str | None:
-    """What the most common discard reason most likely means. `untrainable` is mostly
-    poisoned payloads when the servers' replies were refused about as often (each refused
-    turn discards its rollout): then the refusal's own text is the cause, not the
-    generic one (a server without routing capture once read as "samples too long")."""
-    dominant = most_discarded(recent.discards)
+    """What the most common discard reason most likely means.
+
+    A group its rewards discard (`no_signal`, `curriculum`) could ship nothing whatever
+    its samples held, and counts under that reason whole: when other reasons took samples
+    too, the most common of those is what keeps the batches from filling (samples too
+    long hide behind a majority of groups without signal), and the hint names it.
+    `untrainable` is mostly poisoned payloads when the servers' replies were refused about
+    as often (each refused turn discards its rollout): then the refusal's own text is the
+    cause, not the generic one (a server without routing capture once read as "samples too
+    long")."""
+    discards = recent.discards
+    dominant = most_discarded({r: n for r, n in discards.items() if r not in BY_REWARDS})
+    besides = ""
+    if dominant is None:
+        dominant = most_discarded(discards)
+    elif any(discards.get(reason) for reason in BY_REWARDS):
+        besides = f" besides {' and '.join(BY_REWARDS)}"
     if dominant is None or dominant[0] not in DISCARD_HINTS:
         return None
     reason, count = dominant
@@ -127,10 +142,10 @@ def discard_hint(recent: Recent) -> str | None:
         refused = recent.failures.get(POISONED, 0)
         if 2 * refused >= count:
             return (
-                f"most discards are untrainable: the servers' payloads were refused "
+                f"most discards{besides} are untrainable: the servers' payloads were refused "
                 f"({refused} replies), most often: {poisoned.text}"
             )
-    return f"most discards are {reason}: {DISCARD_HINTS[reason]}"
+    return f"most discards{besides} are {reason}: {DISCARD_HINTS[reason]}"
 
 
 def most_discarded(discards: Mapping[str, int]) -> tuple[str, int] | None:
