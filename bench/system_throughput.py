@@ -401,7 +401,6 @@ def report(
 ) -> str:
     """The section of docs/benchmarks.md: `results` are this checkout's rounds, `old` an
     older revision's (its short id and rounds) when `--old` was given."""
-    pooled_rate, pooled_cpu = _pooled_rate, _pooled_cpu
 
     def by_mode(shape: str, mode: str) -> list[RoundResult]:
         return _of(results, shape, mode)
@@ -427,8 +426,8 @@ def report(
         handle, inline = by_mode(name, "by_handle"), by_mode(name, "inline")
         if not handle or not inline:
             continue
-        handle_rate, inline_rate = pooled_rate(handle), pooled_rate(inline)
-        handle_cpu, inline_cpu = pooled_cpu(handle), pooled_cpu(inline)
+        handle_rate, inline_rate = _pooled_rate(handle), _pooled_rate(inline)
+        handle_cpu, inline_cpu = _pooled_cpu(handle), _pooled_cpu(inline)
         findings.append(
             f"- {describe(name)}: by handle **{handle_cpu:,.0f} rollouts per daemon "
             f"CPU-second** ({handle_rate:,.0f}/s wall clock), inline {inline_cpu:,.0f} per "

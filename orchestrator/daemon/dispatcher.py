@@ -1,5 +1,5 @@
 """The dispatcher: starts GRPO groups, runs their rollouts (`rollout_runner.py`), has
-them finished (files checked, scored, samples built: `rollout_finisher.py`) and hands the
+them finished (scored, files checked, samples built: `rollout_finisher.py`) and hands the
 group on to the sink.
 
 Each group is `group_size` rollouts of one prompt, pinned to one inference server. Every
