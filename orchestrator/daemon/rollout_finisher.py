@@ -89,18 +89,7 @@ class RolloutFinisher:
                 await yield_if_pass_is_long()
                 results.append(self._built(run, reward))
             else:
-                # Poisoned as far as the reply and the sizes on disk tell.
-                poisoned = any(turn.poisoned for _, turn in run.turns)
-                self.state.dispatch.rollouts["poisoned" if poisoned else "completed"] += 1
-                results.append(
-                    RolloutResult(
-                        run.rollout_id,
-                        run.version,
-                        reward=reward,
-                        files=_files(run),
-                        metrics=run.metrics,
-                    )
-                )
+                results.append(self._unbuilt(run, reward))
         return tuple(results)
 
     async def check_files(self, runs: Sequence[RolloutRun], *, read: bool = True) -> None:
@@ -173,6 +162,15 @@ class RolloutFinisher:
                 failed=f"reward failed: {exc}",
                 failure=Discard.REWARD_FAILED,
             )
+
+    def _unbuilt(self, run: RolloutRun, reward: float) -> RolloutResult:
+        """A scored rollout's result without a sample (its group ships nothing)."""
+        # Poisoned as far as the reply and the sizes on disk tell.
+        poisoned = any(turn.poisoned for _, turn in run.turns)
+        self.state.dispatch.rollouts["poisoned" if poisoned else "completed"] += 1
+        return RolloutResult(
+            run.rollout_id, run.version, reward=reward, files=_files(run), metrics=run.metrics
+        )
 
     def _built(self, run: RolloutRun, reward: float) -> RolloutResult:
         """A scored rollout's result, with its sample built."""
