@@ -176,9 +176,11 @@ def main() -> int:
             f"Machine: {machine()}. Revision {git_revision()} against "
             f"{resolve(args.old)[:7]}, {args.repeat} runs each, alternating; "
             "PYTHONDONTWRITEBYTECODE=1, bytecode compiled at install. "
-            "Median (range), seconds from the process's start. `orchestrator run --config "
-            "configs/demo.toml` starts the demo's fleet in its own process, so its first "
-            "line is the fleet's; the run's first line is the daemon's `fresh run`.",
+            "Median (range), seconds from the process's start. The first line of "
+            "`orchestrator run --config configs/demo.toml` is its `loading tokenizer` where it "
+            "logs one (before transformers' import), else the line of the demo's fleet, "
+            "which runs in its process; the run's first line is the daemon's `fresh run`, "
+            "once the tasks are loaded.",
             "",
             "| measured | old | new | old / new |",
             "|---|---:|---:|---:|",

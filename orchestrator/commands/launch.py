@@ -48,7 +48,7 @@ async def open_environment(config: Config) -> AsyncIterator[Tasks]:
         return
     async with open_tasks(config) as tasks:
         environment = tasks.environment or toy_environment_of(config)
-        yield Tasks(environment, tasks.evals, tasks.start_workers)
+        yield Tasks(environment, tasks.evals)
 
 
 async def launch_run(
@@ -58,18 +58,15 @@ async def launch_run(
     metrics_sockets: Sequence[socket.socket] = (),
     task_status: trio.TaskStatus[RunState] = trio.TASK_STATUS_IGNORED,
 ) -> RunOutcome:
-    """Read the servers' bearer token, open the run's environment and eval tasks, start
-    their reward workers and the local fleet `config` asks for (if any), side by side,
-    run the daemon against it and the `[inference] urls`, stop the fleet when the daemon
-    returns. Raises `UserError` for a
-    token or tasks that do not load (before anything starts), and what `run_daemon`
-    raises, unwrapped from this function's own nursery."""
+    """Read the servers' bearer token, open the run's environment and eval tasks (their
+    reward workers start as they open, `open_tasks`), start the local fleet `config` asks
+    for (if any), run the daemon against it and the `[inference] urls`, stop the fleet
+    when the daemon returns. Raises `UserError` for a token or tasks that do not load
+    (before anything starts), and what `run_daemon` raises, unwrapped from this
+    function's own nursery."""
     token = await trio.to_thread.run_sync(load_bearer_token, config.inference)
     try:
         async with open_environment(config) as tasks, trio.open_nursery() as nursery:
-            if tasks.start_workers is not None:
-                # Side by side with the fleet's and the daemon's start: seconds each.
-                nursery.start_soon(tasks.start_workers)
             fleet: list[str] = await nursery.start(serve_local_fleet, config)
             assert tasks.environment is not None
             outcome = await run_daemon(

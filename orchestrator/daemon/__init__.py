@@ -4,10 +4,36 @@ Start-up checks and sync, the dispatcher and its HTTP clients, the policy watche
 the server pool, admission, shipping and sweeping, the progress file, the stall watch and
 the progress line, metrics, and stopping on a signal.
 This layer does the I/O; the decisions are `orchestrator.core`'s.
+
+The names are imported when first used (PEP 562): a module of this layer imported on its
+own (`check-config` reading the bearer token) does not import the whole daemon.
 """
 
-from orchestrator.daemon.run import RunOutcome, run_daemon
-from orchestrator.daemon.run_state import RunState
-from orchestrator.daemon.stop import Stop
+from __future__ import annotations
 
-__all__ = ["RunOutcome", "RunState", "Stop", "run_daemon"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestrator.daemon.run import RunOutcome as RunOutcome
+    from orchestrator.daemon.run import run_daemon as run_daemon
+    from orchestrator.daemon.run_state import RunState as RunState
+    from orchestrator.daemon.stop import Stop as Stop
+
+_HOMES = {
+    "RunOutcome": "orchestrator.daemon.run",
+    "run_daemon": "orchestrator.daemon.run",
+    "RunState": "orchestrator.daemon.run_state",
+    "Stop": "orchestrator.daemon.stop",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'orchestrator.daemon' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

@@ -1,11 +1,12 @@
 """The run's environment of real tasks, from its `[model]`, `[[env]]` and `[rewards]`.
 
 `load_tasks` does everything that can fail on bad input, before the run touches anything:
-it loads the tokenizer (a chat template required), opens every dataset and checks its
-columns, imports every reward function, for the `[[env]]`s and the `[[eval.env]]`s alike.
-Each problem is one `UserError` line naming the key; `orchestrator check-config` and
-`orchestrator run` (before the payload root is wiped) both call it. `open_tasks` then
-opens the reward pool and hands out what the daemon runs: the environment it trains on
+`load_envs` opens every dataset and checks its columns and imports every reward function,
+for the `[[env]]`s and the `[[eval.env]]`s alike, and `load_tokenizer` loads the tokenizer
+(a chat template required). Each problem is one `UserError` line naming the key;
+`orchestrator check-config` calls `load_tasks`, and `orchestrator run` its two parts
+(before the payload root is wiped) in `open_tasks`, which also opens the reward pool and
+hands out what the daemon runs: the environment it trains on
 (the one `[[env]]`, or their mixture by `ratio`) and the eval tasks. An env is a dataset
 scored by reward functions (`dataset_env.py`), a plugin built by its factory
 (`plugin_env.py`), or an environment written for verifiers, served by a worker process
@@ -18,11 +19,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
 
 import attrs
+import structlog
 import trio
 
 from orchestrator.config import Config, EnvConfig
@@ -44,6 +47,8 @@ from orchestrator.tasks.verifiers_env.environment import (
 )
 from orchestrator.tasks.verifiers_env.protocol import INSTALL_LINE, verifiers_installed
 
+log = structlog.get_logger(__name__)
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -57,10 +62,9 @@ class LoadedEnv:
 
 
 @attrs.frozen
-class LoadedTasks:
-    """What `load_tasks` opened: close it when done (`close`)."""
+class LoadedEnvs:
+    """What `load_envs` opened: close it when done (`close`)."""
 
-    tokenizer: ChatTokenizer
     envs: tuple[LoadedEnv, ...]
     evals: tuple[LoadedEnv, ...] = ()
 
@@ -68,6 +72,11 @@ class LoadedTasks:
         for env in (*self.envs, *self.evals):
             if env.dataset is not None:
                 env.dataset.close()
+
+    @property
+    def rewards(self) -> list[RewardSpec]:
+        """The reward functions of every env and eval env, in order."""
+        return [spec for env in (*self.envs, *self.evals) for spec in env.rewards]
 
 
 def user_module_path() -> None:
@@ -79,21 +88,24 @@ def user_module_path() -> None:
         sys.path.insert(0, cwd)
 
 
-def load_tasks(config: Config) -> LoadedTasks:
-    """Load and check the tokenizer, datasets and reward functions of `config`'s
-    `[[env]]`s. Blocking (file reads, imports). Raises `UserError`, one line naming the
-    key, for anything that does not load."""
-    assert config.model.tokenizer is not None  # the config requires it with any [[env]]
+def load_tasks(config: Config) -> tuple[LoadedEnvs, ChatTokenizer]:
+    """`load_envs`, then `load_tokenizer`: everything of the tasks that can fail on bad
+    input. Blocking (file reads, imports). Raises `UserError`, one line naming the key."""
+    envs = load_envs(config)
+    try:
+        return envs, load_tokenizer(config)
+    except BaseException:
+        envs.close()
+        raise
+
+
+def load_envs(config: Config) -> LoadedEnvs:
+    """Open and check the datasets and import the reward functions (and build the plugins)
+    of `config`'s `[[env]]`s and `[[eval.env]]`s. Blocking (file reads, imports). Raises
+    `UserError`, one line naming the key, for anything that does not load."""
     if config.rewards.executor == "ray":
         import_ray()  # one line now, rather than once the run has started
     user_module_path()
-    tokenizer = _keyed(
-        "model.tokenizer",
-        ChatTokenizer.load,
-        config.model.tokenizer,
-        require_chat_template=True,
-        template_kwargs=config.model.chat_template_kwargs,
-    )
     envs: list[LoadedEnv] = []
     evals: list[LoadedEnv] = []
     try:
@@ -102,9 +114,22 @@ def load_tasks(config: Config) -> LoadedTasks:
         for index, env in enumerate(config.eval.env):
             evals.append(_load_env(f"eval.env[{index}]", env))
     except BaseException:
-        LoadedTasks(tokenizer, tuple(envs), tuple(evals)).close()
+        LoadedEnvs(tuple(envs), tuple(evals)).close()
         raise
-    return LoadedTasks(tokenizer, tuple(envs), tuple(evals))
+    return LoadedEnvs(tuple(envs), tuple(evals))
+
+
+def load_tokenizer(config: Config) -> ChatTokenizer:
+    """The `[model] tokenizer` with its chat template (transformers' import and the load:
+    a second or more). Blocking. Raises `UserError` naming the key."""
+    assert config.model.tokenizer is not None  # the config requires it with any [[env]]
+    return _keyed(
+        "model.tokenizer",
+        ChatTokenizer.load,
+        config.model.tokenizer,
+        require_chat_template=True,
+        template_kwargs=config.model.chat_template_kwargs,
+    )
 
 
 def _load_env(key: str, env: EnvConfig) -> LoadedEnv:
@@ -177,7 +202,8 @@ def check_tasks(config: Config) -> None:
     """`load_tasks` and close again, and every verifiers environment loaded by its worker
     and stopped: the start-up check of `check-config`. Not from inside a trio run."""
     if config.env or config.eval.env:
-        load_tasks(config).close()
+        envs, _ = load_tasks(config)
+        envs.close()
         if any(env.verifiers is not None for env in (*config.env, *config.eval.env)):
             trio.run(_check_verifiers, config)
 
@@ -246,54 +272,76 @@ def _verifiers_eval_examples(config: Config, key: str, environment: VerifiersEnv
 @attrs.frozen
 class Tasks:
     """What a run's real tasks give the daemon: the environment it trains on (None when
-    it lists no `[[env]]`: the simulator's toy one then), the eval tasks, and what starts
-    their reward workers (run it beside the daemon's own start: the first scores wait for
-    it)."""
+    it lists no `[[env]]`: the simulator's toy one then) and the eval tasks."""
 
     environment: Environment | None
     evals: tuple[EvalTask, ...] = ()
-    start_workers: Callable[[], Awaitable[None]] | None = None
 
 
 @asynccontextmanager
 async def open_tasks(config: Config) -> AsyncIterator[Tasks]:
     """The environment of `config`'s `[[env]]`s and the tasks of its `[[eval.env]]`s,
     with their reward pool open while they are used. Raises `UserError` (from
-    `load_tasks`) before anything starts."""
-    tasks = await trio.to_thread.run_sync(load_tasks, config)
+    `load_envs`, `load_tokenizer`) before anything starts.
+
+    The envs load first (datasets, the reward functions' imports: quick), then the reward
+    workers start while the tokenizer loads: a worker's spawn and imports and
+    transformers' import take a second or more each, and the workers run on other cores.
+    The workers are still starting when this yields; the first scores wait for them."""
+    loaded = await trio.to_thread.run_sync(load_envs, config)
     try:
-        specs = [spec for env in (*tasks.envs, *tasks.evals) for spec in env.rewards]
-        driven = _verifiers_environments(config, tasks.tokenizer.stop_token_ids)
-        async with (
-            open_rewards(config, specs) as pool,
-            open_verifiers_environments(list(driven.values())),
-        ):
-            environments = [
-                _environment(config, loaded, tasks.tokenizer, pool, driven.get(f"env[{index}]"))
-                for index, loaded in enumerate(tasks.envs)
-            ]
-            environment: Environment | None = None
-            if len(environments) == 1:
-                environment = environments[0]
-            elif environments:
-                environment = EnvironmentMixture(
-                    environments, [env.ratio for env in config.env], seed=config.seed
+        specs = loaded.rewards
+        async with open_rewards(config, specs) as pool:
+            tokenizer = await _load_tokenizer_logged(config)
+            driven = _verifiers_environments(config, tokenizer.stop_token_ids)
+            async with open_verifiers_environments(list(driven.values())):
+                environments = [
+                    _environment(config, env, tokenizer, pool, driven.get(f"env[{index}]"))
+                    for index, env in enumerate(loaded.envs)
+                ]
+                environment: Environment | None = None
+                if len(environments) == 1:
+                    environment = environments[0]
+                elif environments:
+                    environment = EnvironmentMixture(
+                        environments, [env.ratio for env in config.env], seed=config.seed
+                    )
+                evals = tuple(
+                    EvalTask(
+                        env.config.name,
+                        _environment(
+                            config, env, tokenizer, pool, driven.get(f"eval.env[{index}]")
+                        ),
+                        _eval_examples(config, env, driven.get(f"eval.env[{index}]"), index),
+                    )
+                    for index, env in enumerate(loaded.evals)
                 )
-            evals = tuple(
-                EvalTask(
-                    loaded.config.name,
-                    _environment(
-                        config, loaded, tasks.tokenizer, pool, driven.get(f"eval.env[{index}]")
-                    ),
-                    _eval_examples(config, loaded, driven.get(f"eval.env[{index}]"), index),
-                )
-                for index, loaded in enumerate(tasks.evals)
-            )
-            # No reward functions (verifiers envs, plugins that score themselves): no
-            # worker process to start (the pool would still start one for a first call).
-            yield Tasks(environment, evals, pool.start_workers if specs else None)
+                yield Tasks(environment, evals)
     finally:
-        tasks.close()
+        loaded.close()
+
+
+async def _load_tokenizer_logged(config: Config) -> ChatTokenizer:
+    """`load_tokenizer` in a thread, logged before and after: the daemon's first lines,
+    while transformers' import takes its second or two (a folder that is missing or
+    holds no tokenizer is refused before, in one line with nothing logged)."""
+    folder = config.model.tokenizer
+    assert folder is not None  # the config requires it with any [[env]]
+    await trio.to_thread.run_sync(_keyed, "model.tokenizer", ChatTokenizer.check_folder, folder)
+    log.info(
+        "loading tokenizer",
+        folder=str(folder),
+        envs=[env.name for env in config.env],
+        evals=[env.name for env in config.eval.env],
+    )
+    started = time.perf_counter()
+    tokenizer = await trio.to_thread.run_sync(load_tokenizer, config)
+    log.info(
+        "tokenizer loaded",
+        vocab_size=tokenizer.vocab_size,
+        seconds=round(time.perf_counter() - started, 2),
+    )
+    return tokenizer
 
 
 def open_rewards(
@@ -310,7 +358,9 @@ def open_rewards(
             preload=specs,
         )
     workers = rewards.workers or os.cpu_count() or 1
-    return open_reward_pool(workers, rewards.timeout_s, preload=specs)
+    # No reward functions (verifiers envs, plugins that score themselves): no worker
+    # process to start (the pool would still start one for a first call).
+    return open_reward_pool(workers, rewards.timeout_s, preload=specs, start=bool(specs))
 
 
 def _eval_examples(

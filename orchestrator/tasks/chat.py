@@ -141,12 +141,7 @@ class ChatTokenizer:
         generation config is malformed, or (with `require_chat_template`) the tokenizer
         has no chat template.
         """
-        if not folder.is_dir():
-            raise TokenizerError(f"model folder {folder} does not exist or is not a folder")
-        if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
-            raise TokenizerError(
-                f"model folder {folder} has no tokenizer files ({', '.join(_TOKENIZER_FILES)})"
-            )
+        cls.check_folder(folder)
         try:
             with _LOADING:
                 auto = _transformers().AutoTokenizer
@@ -171,6 +166,17 @@ class ChatTokenizer:
         return cls(
             folder, tokenizer, _stop_token_ids(folder, tokenizer), dict(template_kwargs or {})
         )
+
+    @staticmethod
+    def check_folder(folder: Path) -> None:
+        """What `load` checks first, in a few file stats: `folder` is a folder that holds
+        tokenizer files. Raises TokenizerError."""
+        if not folder.is_dir():
+            raise TokenizerError(f"model folder {folder} does not exist or is not a folder")
+        if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+            raise TokenizerError(
+                f"model folder {folder} has no tokenizer files ({', '.join(_TOKENIZER_FILES)})"
+            )
 
     @property
     def vocab_size(self) -> int:

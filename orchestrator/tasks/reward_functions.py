@@ -15,6 +15,8 @@ import importlib
 import inspect
 import math
 import numbers
+import os
+import signal
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -214,6 +216,28 @@ def import_reward_functions(paths: Iterable[str]) -> None:
                 prepare()
             except Exception:
                 pass
+
+
+#: How much nicer than the daemon its reward workers run (see `start_reward_worker`).
+REWARD_WORKER_NICENESS = 5
+
+
+def start_reward_worker(paths: Iterable[str]) -> None:
+    """A reward worker process's start-up: deaf to the stop signals, below the daemon in
+    the scheduler's eyes, then the reward functions at `paths` imported
+    (`import_reward_functions`). It lives here, beside what a worker runs, so that a
+    worker imports this light module and the reward modules, not the pool's.
+
+    The daemon stops its workers itself (trio-parallel kills one with SIGKILL when it
+    must): SIGTERM or SIGINT sent to the whole process group (systemd's stop, `timeout`,
+    Ctrl-C in a terminal) would otherwise kill them under the daemon's graceful stop, whose
+    scoring still needs them. Rewards are throughput work and the event loop is the
+    latency that keeps the servers fed: where both want the same cores, the loop goes
+    first. (Without contention a niceness changes nothing.)"""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.nice(REWARD_WORKER_NICENESS)
+    import_reward_functions(paths)
 
 
 def score_rollout_captured(

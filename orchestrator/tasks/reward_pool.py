@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import functools
 import math
-import os
 import signal
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -36,8 +35,8 @@ from orchestrator.core.environments import ScoreFailed
 from orchestrator.tasks.reward_functions import (
     RewardSpec,
     ScoreOutcome,
-    import_reward_functions,
     score_rollouts_captured,
+    start_reward_worker,
 )
 
 log = structlog.get_logger(__name__)
@@ -50,8 +49,6 @@ FailureKind = Literal["raised", "timeout", "worker_died", "bad_value"]
 _WORKER_START_DEADLINE_S = 120.0
 # How long closing the pool waits for idle workers to exit before killing them.
 _WORKER_GRACE_PERIOD_S = 10.0
-#: How much nicer than the daemon its reward workers run (see `_start_worker`).
-REWARD_WORKER_NICENESS = 5
 
 
 class RewardFailed(Exception):
@@ -390,12 +387,17 @@ class _JobFailed(Exception):
 
 @asynccontextmanager
 async def open_reward_pool(
-    workers: int, timeout_s: float, *, preload: Iterable[RewardSpec] = ()
+    workers: int,
+    timeout_s: float,
+    *,
+    preload: Iterable[RewardSpec] = (),
+    start: bool = False,
 ) -> AsyncIterator[RewardPool]:
     """A pool of `workers` processes that score rollouts, each call under `timeout_s`.
 
-    The workers start with `RewardPool.start_workers` (or the first call), side by side
-    with what the caller starts meanwhile: a spawn and its imports take seconds. Each
+    The workers start with `RewardPool.start_workers` (or the first call), or as the pool
+    opens with `start`, side by side with what the caller does meanwhile: a spawn and its
+    imports take seconds. Each
     worker (and each replacement of a killed one) imports the reward functions of
     `preload` when it starts, so that neither counts against a call's deadline. On exit,
     the jobs still running are killed (cancel their calls first: a call cancelled kills
@@ -410,13 +412,16 @@ async def open_reward_pool(
     async with _worker_context(paths) as context:
         try:
             async with trio.open_nursery() as nursery:
-                yield RewardPool(
+                pool = RewardPool(
                     timeout_s,
                     context,
                     nursery,
                     trio.CapacityLimiter(workers),
                     trio.CapacityLimiter(workers),
                 )
+                if start:
+                    nursery.start_soon(pool.start_workers)
+                yield pool
                 # What still runs has no caller left (they were cancelled first): it goes.
                 nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:
@@ -440,7 +445,7 @@ async def _worker_context(paths: Sequence[str]) -> AsyncIterator[trio_parallel.W
     manager = trio_parallel.open_worker_context(
         # Idle workers are kept: starting one costs seconds.
         idle_timeout=math.inf,
-        init=functools.partial(_start_worker, paths),
+        init=functools.partial(start_reward_worker, paths),
         grace_period=_WORKER_GRACE_PERIOD_S,
     )
     context = await manager.__aenter__()
@@ -454,22 +459,6 @@ async def _worker_context(paths: Sequence[str]) -> AsyncIterator[trio_parallel.W
         await manager.__aexit__(None, None, None)
     except trio_parallel.BrokenWorkerError as exc:
         log.warning("reward workers did not stop cleanly", error=str(exc.args[0]))
-
-
-def _start_worker(paths: Sequence[str]) -> None:
-    """A worker's start-up: deaf to the stop signals, below the daemon in the scheduler's
-    eyes, then the imports.
-
-    The daemon stops its workers itself (trio-parallel kills one with SIGKILL when it
-    must): SIGTERM or SIGINT sent to the whole process group (systemd's stop, `timeout`,
-    Ctrl-C in a terminal) would otherwise kill them under the daemon's graceful stop, whose
-    scoring still needs them. Rewards are throughput work and the event loop is the
-    latency that keeps the servers fed: where both want the same cores, the loop goes
-    first. (Without contention a niceness changes nothing.)"""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.nice(REWARD_WORKER_NICENESS)
-    import_reward_functions(paths)
 
 
 async def score_episode(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,21 @@ def prepared(**kwargs: Any) -> float:
 
 
 prepared.prepare = lambda: _PREPARED_IN.append(os.getpid())  # type: ignore[attr-defined]
+
+
+def announced() -> float:
+    """1.0; its `prepare` writes a file named by the worker's pid into the folder
+    `REWARD_FIXTURES_ANNOUNCE` names, when the worker starts."""
+    return 1.0
+
+
+def _announce() -> None:
+    folder = os.environ.get("REWARD_FIXTURES_ANNOUNCE")
+    if folder:
+        (Path(folder) / str(os.getpid())).touch()
+
+
+announced.prepare = _announce  # type: ignore[attr-defined]
 
 
 def batch_size() -> float:

@@ -57,8 +57,14 @@ def shipped_samples(config: Config) -> list[object]:
 
 async def test_a_demo_run_trains_on_the_rendered_dataset_rows(tmp_path: Path) -> None:
     config = demo_config(tmp_path / "run", "max_steps=3")
-    with trio.fail_after(120):
+    with structlog.testing.capture_logs() as logs, trio.fail_after(120):
         outcome: RunOutcome = await launch_run(config)
+    # The tokenizer's load (transformers' import: seconds) is logged before and after,
+    # the daemon's first lines; the run's start comes after.
+    events = [entry["event"] for entry in logs]
+    assert events[:2] == ["loading tokenizer", "tokenizer loaded"], events[:5]
+    assert logs[0]["envs"] == ["arith", "chat"] and logs[1]["vocab_size"] == 1024
+    assert events.index("fresh run") > 1
     assert shipped_steps(config.batches_dir) == [1, 2, 3]
     tokenizer = ChatTokenizer.load(DEMO_MODEL, require_chat_template=True)
     arith = rows(ARITH)

@@ -22,13 +22,8 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from orchestrator.tasks.reward_functions import RewardSpec, load_reward
-from orchestrator.tasks.reward_pool import (
-    REWARD_WORKER_NICENESS,
-    RewardFailed,
-    RewardPool,
-    open_reward_pool,
-)
+from orchestrator.tasks.reward_functions import REWARD_WORKER_NICENESS, RewardSpec, load_reward
+from orchestrator.tasks.reward_pool import RewardFailed, RewardPool, open_reward_pool
 
 FIXTURES = Path(__file__).resolve().parent
 
@@ -78,6 +73,28 @@ async def test_scores_weighted_sums_in_workers_that_import_no_daemon() -> None:
         # Workers run nicer than the daemon: where both want a core, the loop goes first.
         own = await pool.score("capitals", [fixture("niceness")], ARGUMENTS)
         assert own == min(19, os.nice(0) + REWARD_WORKER_NICENESS)
+
+
+@pytest.mark.usefixtures("fixtures_on_path")
+async def test_a_pool_opened_with_start_starts_its_workers_before_any_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What `orchestrator run` does: the workers' spawn and imports go on while the
+    # daemon loads its tokenizer, before anything asks for a score.
+    folder = trio.Path(tmp_path)
+    monkeypatch.setenv("REWARD_FIXTURES_ANNOUNCE", str(tmp_path))
+    async with open_reward_pool(2, 10.0, preload=[fixture("announced")], start=True):
+        deadline = time.monotonic() + 60
+        while len(list(await folder.iterdir())) < 2:
+            assert time.monotonic() < deadline, "the workers did not start"
+            await trio.sleep(0.05)
+    # Without `start`, a pool starts nothing until it is asked.
+    for announcement in await folder.iterdir():
+        await announcement.unlink()
+    async with open_reward_pool(2, 10.0, preload=[fixture("announced")]) as pool:
+        await trio.sleep(1.0)
+        assert list(await folder.iterdir()) == []
+        assert await pool.score("capitals", [fixture("announced")], ARGUMENTS) == 1.0
 
 
 @pytest.mark.usefixtures("fixtures_on_path")
