@@ -10,10 +10,17 @@ the budget (`batch.max_seq_len` minus the env's `max_tokens`) is skipped
 decoding a completion run in worker threads (the tokenizer releases the interpreter
 lock), but for short completions, decoded on the loop (`decode_completions`); rewards run
 in the reward pool's processes.
+
+A row's render depends on the row alone (the tokenizer, template and system prompt are
+the env's), so the env keeps its last renders (`RenderedRows`, `RENDERED_TOKENS` tokens in
+all): a row drawn again (each eval's same rows, a small dataset's later epochs) costs no
+read, render or worker thread. Prompts of the same row share its row and message objects,
+which nothing changes (rewards get copies in their workers).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -68,6 +75,53 @@ class PromptColumns:
         return messages
 
 
+#: The most prompt tokens an env keeps rendered: about 16 MB of ids, and as much again of
+#: the rows' text and messages.
+RENDERED_TOKENS = 4 * 2**20
+
+#: A row read and rendered: the row, its prompt messages and their tokens (read-only).
+Rendered = tuple[dict[str, Any], list[Message], np.ndarray]
+
+
+@attrs.define(eq=False)
+class RenderedRows:
+    """The last rows rendered, by row index, at most `capacity` tokens in all: the least
+    recently used go first. Used on the event loop only."""
+
+    capacity: int = RENDERED_TOKENS
+    _entries: OrderedDict[int, Rendered] = attrs.field(factory=OrderedDict, init=False)
+    _tokens: int = attrs.field(default=0, init=False)
+
+    def get(self, row_index: int) -> Rendered | None:
+        rendered = self._entries.get(row_index)
+        if rendered is not None:
+            self._entries.move_to_end(row_index)
+        return rendered
+
+    def put(self, row_index: int, rendered: Rendered) -> None:
+        """Keep `rendered` (unless it alone is over the capacity), dropping the least
+        recently used rows past the capacity."""
+        size = len(rendered[2])
+        if size > self.capacity:
+            return
+        previous = self._entries.pop(row_index, None)
+        if previous is not None:
+            self._tokens -= len(previous[2])
+        self._entries[row_index] = rendered
+        self._tokens += size
+        while self._tokens > self.capacity:
+            _, dropped = self._entries.popitem(last=False)
+            self._tokens -= len(dropped[2])
+
+    @property
+    def tokens(self) -> int:
+        """The tokens of the rows kept."""
+        return self._tokens
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class _RowUnusable(Exception):
     """A row that cannot be a prompt (its message says why): skipped and counted."""
 
@@ -87,17 +141,22 @@ class DatasetEnvironment:
     # The most tokens a prompt may have.
     budget: int
     limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
+    rendered: RenderedRows = attrs.field(factory=RenderedRows)
     # Skips in a row: a whole epoch of them means no row fits (a fatal error, not a loop).
     _skips_in_a_row: int = 0
 
     async def prompt(self, index: int) -> Prompt:
         epoch, row_index = self.order.row_at(index)
-        try:
-            row, messages, tokens = await trio.to_thread.run_sync(
-                self._render, row_index, limiter=self.limiter
-            )
-        except _RowUnusable as unusable:
-            self._skipped(row_index, str(unusable))
+        rendered = self.rendered.get(row_index)
+        if rendered is None:
+            try:
+                rendered = await trio.to_thread.run_sync(
+                    self._render, row_index, limiter=self.limiter
+                )
+            except _RowUnusable as unusable:
+                self._skipped(row_index, str(unusable))
+            self.rendered.put(row_index, rendered)
+        row, messages, tokens = rendered
         self._skips_in_a_row = 0
         info = {
             "row": row,
@@ -108,7 +167,7 @@ class DatasetEnvironment:
         }
         return Prompt(f"{self.name}-e{epoch}-r{row_index}", tokens, self.name, info, self.sampling)
 
-    def _render(self, row_index: int) -> tuple[dict[str, Any], list[Message], np.ndarray]:
+    def _render(self, row_index: int) -> Rendered:
         """The row, its prompt messages and their tokens. Raises `_RowUnusable` with why
         the row is skipped. Blocking."""
         row = self.dataset.row(row_index)
