@@ -287,7 +287,8 @@ async def open_tasks(config: Config) -> AsyncIterator[Tasks]:
     The envs load first (datasets, the reward functions' imports: quick), then the reward
     workers start while the tokenizer loads: a worker's spawn and imports and
     transformers' import take a second or more each, and the workers run on other cores.
-    The workers are still starting when this yields; the first scores wait for them."""
+    The workers are still starting when this yields; the first scores wait for them. (A
+    Ray pool connects to its cluster and warms it up as it opens, before the tokenizer.)"""
     loaded = await trio.to_thread.run_sync(load_envs, config)
     try:
         specs = loaded.rewards

@@ -395,14 +395,13 @@ async def open_reward_pool(
 ) -> AsyncIterator[RewardPool]:
     """A pool of `workers` processes that score rollouts, each call under `timeout_s`.
 
-    The workers start with `RewardPool.start_workers` (or the first call), or as the pool
-    opens with `start`, side by side with what the caller does meanwhile: a spawn and its
-    imports take seconds. Each
-    worker (and each replacement of a killed one) imports the reward functions of
-    `preload` when it starts, so that neither counts against a call's deadline. On exit,
-    the jobs still running are killed (cancel their calls first: a call cancelled kills
-    its job's worker once no call of the job waits for it). Raises ValueError for fewer
-    than one worker or a deadline that is not positive.
+    The workers start as the pool opens with `start`, else with `RewardPool.start_workers`
+    (or the first call), side by side with what the caller does meanwhile: a spawn and its
+    imports take seconds. Each worker (and each replacement of a killed one) imports the
+    reward functions of `preload` when it starts, so that neither counts against a call's
+    deadline. On exit, the jobs still running are killed (cancel their calls first: a
+    call cancelled kills its job's worker once no call of the job waits for it). Raises
+    ValueError for fewer than one worker or a deadline that is not positive.
     """
     if workers < 1:
         raise ValueError(f"a reward pool needs at least one worker, not {workers}")
