@@ -73,10 +73,6 @@ class RayRewardPool:
     def failures(self) -> Mapping[tuple[str, FailureKind], int]:
         return dict(self._failures.counts)
 
-    async def start_workers(self) -> None:
-        """Nothing to start: the cluster starts a worker for each task, outside the
-        reward's deadline (`START_DEADLINE_S`)."""
-
     @property
     def capacity(self) -> int:
         """The most calls on the cluster at once."""

@@ -87,9 +87,6 @@ class RewardExecutor(Protocol):
     @property
     def failures(self) -> Mapping[tuple[str, FailureKind], int]: ...
 
-    async def start_workers(self) -> None:
-        """Start what the first calls would otherwise wait for; returns once started."""
-
     async def score(
         self, env: str, specs: Sequence[RewardSpec], arguments: Mapping[str, Any]
     ) -> float: ...
