@@ -11,8 +11,9 @@ own (`check-config` reading the bearer token) does not import the whole daemon.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from orchestrator.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from orchestrator.daemon.run import RunOutcome as RunOutcome
@@ -30,10 +31,4 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'orchestrator.daemon' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _HOMES)
