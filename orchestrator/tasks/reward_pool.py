@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import functools
 import math
+import re
 import signal
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -47,8 +48,14 @@ FailureKind = Literal["raised", "timeout", "worker_died", "bad_value"]
 # and only then takes a job: seconds, and more on a loaded machine. That start-up is kept
 # out of the per-call deadline, under this one of its own.
 _WORKER_START_DEADLINE_S = 120.0
-# How long closing the pool waits for idle workers to exit before killing them.
-_WORKER_GRACE_PERIOD_S = 10.0
+# How long closing the pool waits for idle workers to exit before killing them. A worker
+# holds nothing worth saving, and an idle one exits in milliseconds once told to; one that
+# does not is kept alive by its reward module (a thread or a child process it started,
+# which Python waits for at exit), and would never exit: waiting longer only delays the
+# end of the run (it once added 10 s to every Ctrl-C, ending in a warning).
+_WORKER_GRACE_PERIOD_S = 1.0
+# trio-parallel's message when workers did not end cleanly (trio_parallel/_proc.py).
+_SHUTDOWN_COUNTS = re.compile(r"(\d+) nonzero exit codes and (\d+) forceful terminations")
 
 
 class RewardFailed(Exception):
@@ -70,14 +77,19 @@ def _death_detail(exc: BaseException) -> str:
     # trio-parallel passes the dead worker's multiprocessing.Process as the last argument.
     process = exc.args[-1] if exc.args else None
     code = getattr(process, "exitcode", None)
+    if isinstance(code, int):
+        return f"the worker process {_exit_detail(code)}"
+    return f"the worker process died: {exc}"
+
+
+def _exit_detail(code: int | None) -> str:
+    """How a worker process ended, from its exit code."""
     if isinstance(code, int) and code < 0:
         try:
-            return f"the worker process was killed by {signal.Signals(-code).name}"
+            return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
-            return f"the worker process was killed by signal {-code}"
-    if isinstance(code, int):
-        return f"the worker process exited with code {code}"
-    return f"the worker process died: {exc}"
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 class RewardExecutor(Protocol):
@@ -432,11 +444,11 @@ async def open_reward_pool(
 async def _worker_context(paths: Sequence[str]) -> AsyncIterator[trio_parallel.WorkerContext]:
     """trio-parallel's worker context, whose end never raises for the workers' exits.
 
-    Its graceful shutdown raises `BrokenWorkerError` when a worker did not exit
-    cleanly (killed from outside: the OOM killer, an operator; or, before the workers
-    ignored them, the SIGTERM that systemd or `timeout` sends the whole process group).
-    The pool is over either way, and its calls were settled: a warning, not a traceback
-    at the end of the daemon's stop.
+    Its graceful shutdown raises `BrokenWorkerError` when a worker did not exit cleanly:
+    one that died before (killed from outside: the OOM killer, an operator), or one still
+    running `_WORKER_GRACE_PERIOD_S` after it was told to exit, which it then kills. The
+    pool is over either way, and its calls were settled: a line that says which, in the
+    user's terms (`_log_unclean_end`), not a traceback at the end of the daemon's stop.
     """
     manager = trio_parallel.open_worker_context(
         # Idle workers are kept: starting one costs seconds.
@@ -454,7 +466,37 @@ async def _worker_context(paths: Sequence[str]) -> AsyncIterator[trio_parallel.W
     try:
         await manager.__aexit__(None, None, None)
     except trio_parallel.BrokenWorkerError as exc:
-        log.warning("reward workers did not stop cleanly", error=str(exc.args[0]))
+        _log_unclean_end(exc)
+
+
+def _log_unclean_end(exc: trio_parallel.BrokenWorkerError) -> None:
+    """Say what trio-parallel's shutdown error means: workers killed because they did not
+    exit in time (their reward module keeps them alive: nothing is lost, an info line), or
+    workers that had died before the end (a warning, with how they ended)."""
+    message = str(exc.args[0]) if exc.args else str(exc)
+    counts = _SHUTDOWN_COUNTS.search(message)
+    if counts is None:
+        log.warning("reward workers did not stop cleanly", error=message)
+        return
+    died, killed = int(counts[1]), int(counts[2])
+    if killed:
+        log.info(
+            "reward workers killed at the end",
+            workers=killed,
+            detail=f"still running {_WORKER_GRACE_PERIOD_S:g} s after the run told them to "
+            "exit: a reward module left a thread or a child process running in them; "
+            "nothing was lost",
+        )
+    if died:
+        # The processes after the message: the ones that died first, then the killed.
+        ended = [getattr(process, "exitcode", None) for process in exc.args[1 : 1 + died]]
+        log.warning(
+            "reward workers had died before the end of the run",
+            workers=died,
+            detail="; ".join(f"one {_exit_detail(code)}" for code in ended),
+            note="killed from outside the daemon (the OOM killer, an operator) or crashed; "
+            "the rollouts they were scoring counted as reward_failed",
+        )
 
 
 async def score_episode(

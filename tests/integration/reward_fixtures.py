@@ -120,3 +120,18 @@ def batch_size() -> float:
             return float(len(frame.f_locals["calls"]))
         frame = frame.f_back
     raise RuntimeError("not called from a worker's job")
+
+
+def keeps_a_thread() -> float:
+    """1.0; its `prepare` starts a thread that never ends and is no daemon thread, as a
+    library's background loop may: Python waits for it when the worker exits."""
+    return 1.0
+
+
+def _start_a_thread_that_never_ends() -> None:
+    import threading
+
+    threading.Thread(target=time.sleep, args=(3600,), name="library-loop").start()
+
+
+keeps_a_thread.prepare = _start_a_thread_that_never_ends  # type: ignore[attr-defined]
