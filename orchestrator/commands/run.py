@@ -131,11 +131,13 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
     if args.summary_json:
         with open(args.summary_json, "w") as out:
             json.dump(data, out, indent=1)
-    refused = outcome.state.dispatch.refused
-    if refused is not None:
-        # A configuration fault (a server started without what the run needs, a wrong
-        # key): the run stopped as if asked, and says why last.
-        print(f"orchestrator run: error: {refused}", file=sys.stderr)
+    halt = outcome.state.dispatch.halt_reason
+    if halt is not None:
+        # The run ended itself: a configuration fault (a server started without what the
+        # run needs, a wrong key), or rollouts that keep finishing with nothing trainable
+        # (the task solved, or never rewarded, or every reward failing). It stopped as if
+        # asked, and says why last.
+        print(f"orchestrator run: {halt.line}", file=sys.stderr)
         return 2
     if not invariants_hold(data):
         return 1

@@ -603,6 +603,10 @@ class ProgressConfig:
     # the batch being filled, its samples ready and needed, rollouts in flight and per
     # second, discards and failures since the previous line. 0 turns it off.
     report_interval_s: float = attrs.field(default=30.0, validator=at_least(0))
+    # Rollouts keep finishing and none is trainable for this long (and at least four
+    # batches' worth of them): the run stops with exit status 2 and one line naming why
+    # (orchestrator/daemon/reporting/no_progress.py). 0 never stops.
+    no_progress_stop_s: float = attrs.field(default=600.0, validator=at_least(0))
 
 
 @attrs.frozen

@@ -87,10 +87,25 @@ class _QueuedGroup:
 
 @attrs.frozen
 class _Verdict:
-    """What admission decided for one group: counts by reason and the samples to queue."""
+    """What admission decided for one group: counts by reason and the samples to queue;
+    for a group whose equal rewards discard it (`no_signal`), where that reward lies
+    (`reward_at`: "top", "bottom" or None)."""
 
     discards: Mapping[Discard, int]
     queued: tuple[QueuedSample, ...]
+    reward_at: str | None = None
+
+
+def reward_at(reward: float, limits: SinkLimits) -> str | None:
+    """Where a reward lies in the curriculum's range, which is what a run takes for the
+    range of its rewards (a group whose mean lies outside is discarded): "top" at or above
+    `curriculum_max_mean_reward` (the task solved), "bottom" at or below
+    `curriculum_min_mean_reward` (never right), else None."""
+    if reward >= limits.curriculum_max_mean_reward - _ZERO_ADVANTAGE:
+        return "top"
+    if reward <= limits.curriculum_min_mean_reward + _ZERO_ADVANTAGE:
+        return "bottom"
+    return None
 
 
 def _units(rollout: RolloutResult) -> int:
@@ -134,7 +149,8 @@ def _judge(group: GroupResult, limits: SinkLimits, bound: int) -> _Verdict:
     by_rewards = discarded_by_rewards([rollout.reward for rollout in scored], limits)
     if by_rewards is not None:
         discards[by_rewards] += sum(_units(rollout) for rollout in scored)
-        return _Verdict(discards, ())
+        at = reward_at(scored[0].reward, limits) if by_rewards is Discard.NO_SIGNAL else None
+        return _Verdict(discards, (), at)
     mean_reward = math.fsum(rollout.reward for rollout in scored) / len(scored)
 
     survivors: list[QueuedSample] = []
@@ -233,6 +249,8 @@ class TrainSink:
     _shipped: int = attrs.field(default=0, init=False)
     _abandoned: int = attrs.field(default=0, init=False)
     _by_env: dict[str, EnvTally] = attrs.field(factory=dict, init=False)
+    _trainable: int = attrs.field(default=0, init=False)
+    _no_signal_at: Counter[str] = attrs.field(factory=Counter, init=False)
 
     # -- state, read-only ---------------------------------------------------------------
 
@@ -260,6 +278,17 @@ class TrainSink:
     def oldest_start_version(self) -> int | None:
         """The lowest start version among queued groups, or `None` when the queue is empty."""
         return min((group.start_version for group in self._queue), default=None)
+
+    @property
+    def trainable(self) -> int:
+        """Samples ever queued: trainable ones, whatever became of them later."""
+        return self._trainable
+
+    @property
+    def no_signal_at(self) -> Mapping[str, int]:
+        """The `no_signal` units of groups whose equal rewards all lay at the "top" or the
+        "bottom" of the curriculum's range (`reward_at`), by where (a copy)."""
+        return dict(self._no_signal_at)
 
     @property
     def admitted(self) -> int:
@@ -323,6 +352,9 @@ class TrainSink:
             self._counters[reason] += count
             if count:
                 tally.discards[reason.value] += count
+        if verdict.reward_at is not None:
+            self._no_signal_at[verdict.reward_at] += verdict.discards[Discard.NO_SIGNAL]
+        self._trainable += len(verdict.queued)
         if verdict.queued:
             for queued in verdict.queued:
                 self._refs.hold(queued.files)

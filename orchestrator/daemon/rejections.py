@@ -83,6 +83,11 @@ class Rejections:
             **context,
         )
 
+    def note(self, kind: str, detail: str) -> None:
+        """Remember the text of a failure counted and logged elsewhere (a reward's: its
+        pool counts and logs it), so that what ends a run can quote it."""
+        self._remember(kind, detail[:TEXT_CHARS])
+
     def _remember(self, kind: str, text: str) -> None:
         texts = self._texts.setdefault(kind, Counter())
         if text not in texts and len(texts) >= self.max_texts:

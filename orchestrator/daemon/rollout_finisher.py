@@ -155,6 +155,7 @@ class RolloutFinisher:
             return await score(run)
         except ScoreFailed as exc:
             dispatch.rollouts["reward_failed"] += 1
+            dispatch.reward_errors.note(exc.kind, exc.detail)
             return RolloutResult(
                 run.rollout_id,
                 run.version,

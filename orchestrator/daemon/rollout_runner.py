@@ -67,7 +67,7 @@ class RolloutRunner:
     rejections: Rejections
     capture: bool = True
     # Watches for a fleet that refuses every request (training's runner only): once it
-    # does, `state.dispatch.refused` says why and no group starts any more.
+    # does, `state.dispatch.halt_reason` says why and no group starts any more.
     refusals: RefusalWatch | None = None
     # Where environments that drive their own turns call the model (None: none may).
     desk: ModelDesk | None = None
@@ -410,12 +410,8 @@ class RolloutRunner:
                 refusals.answered()  # an answer, and not that refusal
             return
         ended = refusals.refused(trio.current_time(), server, failure.detail, self.pool.healthy())
-        dispatch = self.state.dispatch
-        if ended is not None and dispatch.refused is None:
+        if ended is not None and self.state.dispatch.halt("refused", f"error: {ended}"):
             log.error("the fleet refuses every request: ending the run", error=ended)
-            dispatch.refused = ended
-            dispatch.stopping = True
-            dispatch.refusal.set()
             self.state.notify()
 
     def _learn_routing_shape(self, turn: TurnOutput, server: str) -> None:

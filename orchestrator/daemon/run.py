@@ -43,6 +43,7 @@ from orchestrator.daemon.interpreter import tune_interpreter_for_the_loop, untun
 from orchestrator.daemon.metrics import start_metrics
 from orchestrator.daemon.pass_budget import keep_passes_short
 from orchestrator.daemon.payload_files.disk import measure_tree
+from orchestrator.daemon.reporting.no_progress import serve_progress_watch
 from orchestrator.daemon.reporting.progress_report import serve_progress_report
 from orchestrator.daemon.reporting.stall import serve_stall_watch
 from orchestrator.daemon.reporting.wandb_log import open_wandb_log
@@ -97,8 +98,10 @@ async def run_daemon(
     `stop` (the `run` command's signals): a request stops the run gracefully once
     dispatching, at once before (see `orchestrator.daemon.stop`); the outcome says so.
     A fleet that refuses every request with the same client error for
-    `inference.refusal_stop_s` stops the run the same way (`orchestrator.core.refusals`):
-    the outcome is stopped and `state.dispatch.refused` says why.
+    `inference.refusal_stop_s` stops the run the same way (`orchestrator.core.refusals`),
+    and so does a run where rollouts keep finishing and none is trainable for
+    `progress.no_progress_stop_s` (`reporting/no_progress.py`): the outcome is stopped
+    and `state.dispatch.halt_reason` says why.
     The other arguments are what the run runs against: see `services.RunInputs`.
     """
     started = time.monotonic()
@@ -175,7 +178,7 @@ async def _serve(
             switch_interval = tune_interpreter_for_the_loop()
             task_status.started(state)
             stop_gracefully_when_asked(stop, state, nursery)
-            nursery.start_soon(_stop_when_refused, state, stop)
+            nursery.start_soon(_stop_when_halted, state, stop)
             await _run_to_the_end(services)
             nursery.cancel_scope.cancel()
     finally:
@@ -213,6 +216,7 @@ async def _start_services(services: Services, start: StartPoint, nursery: trio.N
         await nursery.start(services.evaluator.serve)
     await nursery.start(services.dispatcher.serve)
     await nursery.start(serve_stall_watch, figures.stall, figures.snapshot, services.progress.save)
+    await nursery.start(serve_progress_watch, figures.watch, figures.snapshot, state)
     await nursery.start(
         functools.partial(serve_progress_report, started_at=figures.stall.started_at),
         figures.reporter,
@@ -243,11 +247,14 @@ async def _run_to_the_end(services: Services) -> None:
     await services.sweeper.drop_everything_queued()
 
 
-async def _stop_when_refused(state: RunState, stop: Stop) -> None:
-    """Stop the run gracefully once the whole fleet refuses every request (what was
-    shipped stays shipped; the run can be resumed once the servers are mended)."""
-    await state.dispatch.refusal.wait()
-    stop.request("refused")
+async def _stop_when_halted(state: RunState, stop: Stop) -> None:
+    """Stop the run gracefully once it halts itself (`Dispatch.halt`: the whole fleet
+    refuses every request, or nothing trainable comes any more): what was shipped stays
+    shipped, and the run can be resumed once what stopped it is mended."""
+    dispatch = state.dispatch
+    await dispatch.halted.wait()
+    assert dispatch.halt_reason is not None
+    stop.request(dispatch.halt_reason.by)
 
 
 async def _resume(services: Services, step: int) -> None:

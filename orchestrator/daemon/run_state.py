@@ -109,6 +109,15 @@ class Shipping:
         return self.next_step - 1
 
 
+@attrs.frozen
+class Halt:
+    """Why a run ended itself: `by` what ("refused", "no progress", "solved"), and the
+    one line `orchestrator run` prints last (its exit status is 2)."""
+
+    by: str
+    line: str
+
+
 @attrs.define
 class Dispatch:
     """Written by the dispatcher (and by the end of the run, which stops it)."""
@@ -133,10 +142,25 @@ class Dispatch:
     # The model's routing shape every reply is checked against: from the config, or fixed
     # by the first reply of the run that carries routing (None until then).
     routing_shape: RoutingShape | None = None
-    # Why the fleet's refusals end the run (`orchestrator.core.refusals`), once they do;
-    # `refusal` is set then.
-    refused: str | None = None
-    refusal: trio.Event = attrs.field(factory=trio.Event)
+    # The reward failures' most common texts, by their kind ("raised", "timeout", ...):
+    # the pool counts and logs them; what ends a run quotes them.
+    reward_errors: Rejections = attrs.field(factory=Rejections)
+    # Why the run ends itself, once it does (`halt`): the fleet refuses every request
+    # (`orchestrator.core.refusals`), or nothing trainable comes any more
+    # (`reporting/no_progress.py`); `halted` is set then.
+    halt_reason: Halt | None = None
+    halted: trio.Event = attrs.field(factory=trio.Event)
+
+    def halt(self, by: str, line: str) -> bool:
+        """End the run on its own: no group starts any more, and the run stops as a
+        first signal stops it (`by` names what stopped it, `line` is the one line that
+        says why). Returns whether this was the first halt (later ones change nothing)."""
+        if self.halt_reason is not None:
+            return False
+        self.halt_reason = Halt(by, line)
+        self.stopping = True
+        self.halted.set()
+        return True
 
 
 @attrs.define

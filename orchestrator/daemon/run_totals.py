@@ -57,6 +57,10 @@ class RunTotals:
     files_deleted: Mapping[str, int]  # by path: discard, sweep, collection, wipe
     bytes_deleted: Mapping[str, int]
     envs: Mapping[str, EnvTotals]  # by `[[env]]` name, sorted
+    # Samples the sink ever queued (trainable), and the no_signal units of groups whose
+    # equal rewards lay at the "top" or "bottom" of the curriculum's range.
+    samples_trainable: int = 0
+    no_signal_at: Mapping[str, int] = attrs.field(factory=dict)
 
 
 def run_totals(state: RunState, sink: TrainSink) -> RunTotals:
@@ -84,6 +88,8 @@ def run_totals(state: RunState, sink: TrainSink) -> RunTotals:
             # An environment that skipped every prompt it was asked for has no tally.
             for name in sorted({*sink.by_env, *dispatch.prompts_skipped})
         },
+        samples_trainable=sink.trainable,
+        no_signal_at=sink.no_signal_at,
     )
 
 

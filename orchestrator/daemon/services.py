@@ -34,6 +34,7 @@ from orchestrator.daemon.inference.server_pool import ServerPool
 from orchestrator.daemon.metrics import CollectionTimes
 from orchestrator.daemon.payload_files.disk import PayloadDeleter
 from orchestrator.daemon.policy import PolicyWatcher
+from orchestrator.daemon.reporting.no_progress import MIN_BATCHES, ProgressWatch, RewardRange
 from orchestrator.daemon.reporting.progress_file import ProgressFile, RunFigures
 from orchestrator.daemon.reporting.progress_report import ProgressReporter
 from orchestrator.daemon.reporting.run_lines import RunLines
@@ -158,8 +159,8 @@ def build_services(
 
 
 def _figures(config: Config, state: RunState, sink: TrainSink) -> RunFigures:
-    """What the stall watch, the progress line and `progress.json` read the run through;
-    the stall watch's clock starts now."""
+    """What the stall watch, the progress line, the watch that stops a run without
+    progress and `progress.json` read the run through; the stall watch's clock starts now."""
     return RunFigures(
         state,
         sink,
@@ -167,4 +168,11 @@ def _figures(config: Config, state: RunState, sink: TrainSink) -> RunFigures:
         ProgressReporter(config.progress.report_interval_s),
         config.batch.size,
         config.inference.max_inflight,
+        ProgressWatch(
+            config.progress.no_progress_stop_s,
+            MIN_BATCHES * config.batch.size,
+            RewardRange(
+                config.batch.curriculum_min_mean_reward, config.batch.curriculum_max_mean_reward
+            ),
+        ),
     )

@@ -31,6 +31,10 @@ def trivial() -> float:
     return 1.0
 
 
+def zero() -> float:
+    return 0.0
+
+
 def raises(completion: str) -> float:
     raise ValueError(f"cannot score {completion!r}")
 

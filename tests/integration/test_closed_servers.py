@@ -174,9 +174,10 @@ async def test_a_fleet_that_refuses_everything_stops_the_run_instead_of_retrying
     )
     with structlog.testing.capture_logs() as logs, trio.fail_after(60):
         outcome = await launch_run(config)
-    refused = outcome.state.dispatch.refused
-    assert outcome.stopped and refused is not None
-    assert refused.startswith("every inference server refused every request for 1 s")
+    halt = outcome.state.dispatch.halt_reason
+    assert outcome.stopped and halt is not None and halt.by == "refused"
+    refused = halt.line
+    assert refused.startswith("error: every inference server refused every request for 1 s")
     assert "the server wants a bearer token: set [inference] api_key_env or api_key_file" in refused
     assert outcome.state.shipping.next_step == 1
     # It stopped within about a second of refusals, not after thousands of them.

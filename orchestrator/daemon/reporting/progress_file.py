@@ -12,6 +12,7 @@ import attrs
 import trio
 
 from orchestrator.core.sink import TrainSink
+from orchestrator.daemon.reporting.no_progress import ProgressWatch
 from orchestrator.daemon.reporting.progress_report import ProgressReporter
 from orchestrator.daemon.reporting.run_snapshot import RunSnapshot, snapshot
 from orchestrator.daemon.reporting.stall import StallWatch
@@ -21,8 +22,8 @@ from orchestrator.handoff import Progress, save_progress
 
 @attrs.frozen
 class RunFigures:
-    """The run's parts that its figures are read from: state, sink, the stall watch and
-    the progress line (both on trio's clock)."""
+    """The run's parts that its figures are read from: state, sink, the stall watch, the
+    progress line and the watch that stops a run without progress (on trio's clock)."""
 
     state: RunState
     sink: TrainSink
@@ -30,6 +31,7 @@ class RunFigures:
     reporter: ProgressReporter
     batch_size: int
     max_inflight: int
+    watch: ProgressWatch
 
     @property
     def inflight_limit(self) -> int:

@@ -37,6 +37,13 @@ class RunSnapshot:
     # The applied version's update has not finished (its collection and sweep): the
     # policy watcher looks for no newer version meanwhile.
     settling: bool = False
+    # Samples ever queued (trainable); no_signal units whose group's rewards all lay at
+    # the "top" or "bottom" of the curriculum's range; the reward failures' most common
+    # texts by (kind, text); payload bytes deleted with discards.
+    trainable: int = 0
+    no_signal_at: Mapping[str, int] = attrs.field(factory=dict)
+    reward_texts: Mapping[tuple[str, str], int] = attrs.field(factory=dict)
+    discarded_bytes: int = 0
 
 
 def snapshot(state: RunState, sink: TrainSink, *, needed: int, inflight_limit: int) -> RunSnapshot:
@@ -59,6 +66,10 @@ def snapshot(state: RunState, sink: TrainSink, *, needed: int, inflight_limit: i
         scored={env: env_totals.scored for env, env_totals in totals.envs.items()},
         reward_sums={env: env_totals.reward_sum for env, env_totals in totals.envs.items()},
         settling=state.versions.settled < state.versions.applied,
+        trainable=totals.samples_trainable,
+        no_signal_at=totals.no_signal_at,
+        reward_texts=state.dispatch.reward_errors.texts(),
+        discarded_bytes=totals.bytes_deleted.get("discard", 0),
     )
 
 
