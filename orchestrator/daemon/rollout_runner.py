@@ -46,6 +46,7 @@ from orchestrator.daemon.run_state import RunState
 from orchestrator.payload import RoutingShape, version_dir
 from orchestrator.wire import (
     InferenceFailure,
+    TooFewChoices,
     build_generate_request,
     encoded_token_ids,
     parse_choice,
@@ -113,12 +114,14 @@ class RolloutRunner:
         ]
         firsts: list[TurnOutput | InferenceFailure | None] = [None] * len(members)
         # (A group stopped before its request goes out sends none: each member stops.)
+        # (A server that ignores `n` gets a request per rollout: `_first_turns`.)
         if (
             self.config.group_choices > 1
             and not stop.is_set()
+            and not self.pool.ignores_n(server)
             and not any(drives_its_turns(type(episode)) for episode in episodes)
         ):
-            firsts = list(await self._first_turns(group_id, members, prompt.sampling, stop))
+            firsts = await self._first_turns(group_id, members, prompt.sampling, stop)
         async with trio.open_nursery() as nursery:
             for index, run in enumerate(members):
                 nursery.start_soon(
@@ -187,10 +190,11 @@ class RolloutRunner:
 
     async def _first_turns(
         self, group_id: str, members: list[RolloutRun], sampling: Sampling, stop: trio.Event
-    ) -> list[TurnOutput | InferenceFailure]:
+    ) -> list[TurnOutput | InferenceFailure | None]:
         """The members' first turns, from one request with a choice for each (choice i is
         member i's: vLLM answers in index order). A failed request fails them all; a
-        failed choice only its member."""
+        failed choice only its member. A server that answered fewer choices (it ignores
+        `n`) gave the first members theirs; the others (None) send their own requests."""
         config, lead = self.config, members[0]
         body = encode_generate_request(
             build_generate_request(
@@ -205,11 +209,14 @@ class RolloutRunner:
             )
         )
         try:
-            return await self._request_turns(
-                lead.server, body, len(members), len(lead.tokens), 0, lead.payload_dir, stop
+            turns: list[TurnOutput | InferenceFailure | None] = list(
+                await self._request_turns(
+                    lead.server, body, len(members), len(lead.tokens), 0, lead.payload_dir, stop
+                )
             )
         except InferenceFailure as failure:
             return [failure] * len(members)
+        return turns + [None] * (len(members) - len(turns))
 
     async def _run_turns(
         self,
@@ -309,8 +316,8 @@ class RolloutRunner:
         payload_dir: Path | None,
         stop: trio.Event,
     ) -> list[TurnOutput | InferenceFailure]:
-        """One request's `choices` turns, the request retried on transient failures with
-        exponential backoff.
+        """One request's `choices` turns (fewer from a server that ignores `n`: what it
+        answered), the request retried on transient failures with exponential backoff.
 
         Each attempt has its own deadline. A reply that cannot be read is not asked for
         again: the same server would answer the same way (the rejection is logged at
@@ -327,7 +334,13 @@ class RolloutRunner:
                     # Parsing is a turn's largest piece of Python: in a later pass when
                     # this one is long (many replies at once).
                     await yield_if_pass_is_long()
-                parts = reply_choices(raw, choices)
+                try:
+                    parts = reply_choices(raw, choices)
+                except TooFewChoices as fewer:
+                    # A server (or a proxy) that ignores `n`: the choices it gave are
+                    # good; the members left without one ask alone (`_first_turns`).
+                    self.pool.note_ignores_n(server, fewer.asked, len(fewer.choices))
+                    parts = fewer.choices
             except trio.TooSlowError:
                 failure = InferenceFailure("timeout", f"{server}: no answer in time")
             except InferenceFailure as exc:

@@ -73,6 +73,8 @@ class SimInferenceConfig:
     - `api_key`: the bearer token requests to vLLM's guarded paths (the generate endpoint)
       must carry, as `vllm serve --api-key` asks for it (401 without); "": none. In a P/D
       deployment the router asks for it.
+    - `ignores_n`: answer one choice whatever a request's `n` asks for, as a server built
+      on prime-rl's writer functions, or an OpenAI-compatible proxy that drops `n`, does.
     - `vllm_version`: what `GET /version` answers, as vLLM names its release. The default
       is no release (the simulator reloads every weight); a test sets a release of
       `orchestrator.wire.MOE_RELOAD_BROKEN` to be treated as that vLLM; None: no such
@@ -104,6 +106,7 @@ class SimInferenceConfig:
     max_num_seqs: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     api_key: str = attrs.field(default="", repr=False)
     vllm_version: str | None = SIM_VLLM_VERSION
+    ignores_n: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.disaggregated and self.role != "aggregated":

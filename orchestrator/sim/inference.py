@@ -355,6 +355,8 @@ class _InferenceApp:
             kv_transfer_params = self._check_role(request)
         except RequestRefused as exc:
             return exc.status, _encode(error_body(exc.status, str(exc)))
+        if config.ignores_n:
+            request = attrs.evolve(request, n=1)
         if config.max_num_seqs and request.n > config.max_num_seqs:
             message = (
                 "sampling_params.n must be at most the server's max_num_seqs "

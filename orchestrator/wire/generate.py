@@ -182,10 +182,21 @@ def _given(raw: msgspec.Raw) -> bool:
     return len(raw) > 0 and raw != _NULL
 
 
+class TooFewChoices(InferenceFailure):
+    """A reply with fewer choices than the request's `n` asked for (`asked`), each of
+    them readable as any choice (`choices`): a server or proxy that ignores `n`. A
+    "malformed" failure to whoever does not look further."""
+
+    def __init__(self, choices: list[msgspec.Raw], asked: int) -> None:
+        super().__init__("malformed", f"response has {len(choices)} choices for n = {asked}")
+        self.choices = choices
+        self.asked = asked
+
+
 def reply_choices(body: bytes, count: int = 1) -> list[msgspec.Raw]:
     """The first `count` choices of a reply, each as its JSON text (`parse_choice` reads
     one); raises `InferenceFailure("malformed")` when the reply is not JSON or holds
-    fewer."""
+    none, `TooFewChoices` when it holds fewer (at least one)."""
     try:
         response = _RESPONSE.decode(body)
     except msgspec.DecodeError as exc:
@@ -195,7 +206,7 @@ def reply_choices(body: bytes, count: int = 1) -> list[msgspec.Raw]:
     if not response.choices:
         raise _malformed("response has no choices")
     if len(response.choices) < count:
-        raise _malformed(f"response has {len(response.choices)} choices for n = {count}")
+        raise TooFewChoices(list(response.choices), count)
     return response.choices[:count]
 
 

@@ -42,6 +42,9 @@ class ServerPool:
     # url -> trio.current_time() when it was marked down.
     down_since: dict[str, float] = attrs.field(factory=dict)
     on_change: Callable[[], None] = lambda: None
+    # Servers that answered fewer choices than a request's `n` asked for: each rollout
+    # sends them its own first request (`inference.group_request` for them alone).
+    ignoring_n: set[str] = attrs.field(factory=set)
 
     @classmethod
     def of(cls, urls: Sequence[str], on_change: Callable[[], None]) -> ServerPool:
@@ -73,6 +76,26 @@ class ServerPool:
         if self.down_since.pop(url, None) is not None:
             log.info("inference server back", url=url)
             self.on_change()
+
+    def ignores_n(self, url: str) -> bool:
+        """Whether `url` answered fewer choices than asked: no group request goes to it."""
+        return url in self.ignoring_n
+
+    def note_ignores_n(self, url: str, asked: int, got: int) -> None:
+        """`url` answered `got` choices for `n = asked`: from now on each rollout sends
+        it its own first request (the other servers keep group requests). Said once."""
+        if url in self.ignoring_n:
+            return
+        self.ignoring_n.add(url)
+        log.warning(
+            "inference server ignores n",
+            url=url,
+            asked=asked,
+            answered=got,
+            now="each rollout of a group sends this server its own first request; the "
+            "other servers keep inference.group_request (set it to false to send every "
+            "server one request per rollout)",
+        )
 
     def all_down_for(self) -> float | None:
         """Seconds since the last server went down, when every server is down."""
