@@ -180,7 +180,7 @@ def render_summary(data: dict[str, Any]) -> str:
         f"discards       {pairs(data['discards'])}",
         f"payload        written {data['payload_files_written']} files / "
         f"{human_bytes(data['payload_bytes_written'])}; deleted {deleted_files} files / "
-        f"{human_bytes(deleted_bytes)} ({pairs(data['files_deleted'])})",
+        f"{human_bytes(deleted_bytes)} ({_deleted_by_path(data)})",
         f"disk           peak {human_bytes(data['peak_payload_bytes'])}, "
         f"at exit {human_bytes(data['final_payload_bytes'])}",
     ]
@@ -216,6 +216,19 @@ def render_summary(data: dict[str, Any]) -> str:
         mark = {True: "ok  ", False: "FAIL", None: "n/a "}[inv["held"]]
         lines.append(f"  {mark} {inv['name']}: {inv['detail']}")
     return "\n".join(lines)
+
+
+def _deleted_by_path(data: dict[str, Any]) -> str:
+    """Files and bytes deleted by path (`discard 204 / 2.8 MiB, collection ...`): what
+    discarded rollouts wrote and cost is the `discard` part."""
+    files, sizes = data["files_deleted"], data["bytes_deleted"]
+    return (
+        ", ".join(
+            f"{path} {count} / {human_bytes(sizes.get(path, 0))}"
+            for path, count in sorted(files.items())
+        )
+        or "none"
+    )
 
 
 def invariants_hold(data: dict[str, Any]) -> bool:

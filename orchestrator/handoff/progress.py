@@ -56,8 +56,9 @@ class ProgressLine:
     `inflight_limit` the dispatcher obeys (0: not recorded). Over the
     `interval_s` seconds since the previous line (or the daemon's start):
     `rollouts_per_s` (completed rollouts), `discards` by reason and `failures` by kind
-    (the reasons and kinds that grew only, as in the stall warning), and by environment
-    the rollouts `scored` and their `mean_reward` (the envs that scored any only).
+    (the reasons and kinds that grew only, as in the stall warning), by environment the
+    rollouts `scored` and their `mean_reward` (the envs that scored any only), and the
+    `discarded_bytes` of payload files deleted with discards.
     """
 
     step: int
@@ -71,6 +72,9 @@ class ProgressLine:
     inflight_limit: int = 0
     scored: Mapping[str, int] = attrs.field(factory=dict)
     mean_reward: Mapping[str, float] = attrs.field(factory=dict)
+    # Bytes of the payload files deleted with discarded rollouts in the interval: what
+    # they cost the disk, written and deleted for nothing.
+    discarded_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The line's fields, as logged and as `progress.json` holds them."""
@@ -93,6 +97,7 @@ class ProgressLine:
             inflight_limit=int(raw.get("inflight_limit", 0)),
             scored=_counts(raw.get("scored")),
             mean_reward={str(k): float(v) for k, v in dict(raw.get("mean_reward") or {}).items()},
+            discarded_bytes=int(raw.get("discarded_bytes", 0)),
         )
 
 

@@ -10,6 +10,7 @@ second. Rollouts finish and none is trainable, so each run stops by itself: exit
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,5 @@ def test_a_run_with_nothing_trainable_stops_with_one_line(
     assert "steps          0 " in err
     if case != "every reward failing":
         assert "of payload files written and deleted for them" in last, last
+        (payload,) = [line for line in err.splitlines() if line.startswith("payload ")]
+        assert re.search(r"\(discard \d+ / \d", payload), payload

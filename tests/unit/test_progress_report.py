@@ -35,6 +35,7 @@ def tally(
     limit: int = 96,
     scored: dict[str, int] | None = None,
     reward_sums: dict[str, float] | None = None,
+    discarded_bytes: int = 0,
 ) -> RunSnapshot:
     return RunSnapshot(
         step=3,
@@ -50,6 +51,7 @@ def tally(
         inflight_limit=limit,
         scored=scored or {},
         reward_sums=reward_sums or {},
+        discarded_bytes=discarded_bytes,
     )
 
 
@@ -84,7 +86,11 @@ def test_the_rate_is_rounded_and_zero_over_no_time() -> None:
 
 
 def test_the_log_fields_are_the_json_fields() -> None:
-    line = progress_line(tally(), tally(completed=30, discards={"pruned": 2}), 30.0)
+    line = progress_line(
+        tally(discarded_bytes=10),
+        tally(completed=30, discards={"pruned": 2}, discarded_bytes=4106),
+        30.0,
+    )
     assert line.to_json() == {
         "step": 3,
         "queued_samples": 5,
@@ -97,7 +103,9 @@ def test_the_log_fields_are_the_json_fields() -> None:
         "inflight_limit": 96,
         "scored": {},
         "mean_reward": {},
+        "discarded_bytes": 4096,
     }
+    assert type(line).from_json(line.to_json()) == line
 
 
 def test_rewards_by_env_are_the_means_of_the_rollouts_scored_in_the_interval() -> None:

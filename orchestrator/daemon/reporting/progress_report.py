@@ -9,7 +9,8 @@ that fills slowly until the stall warning (orchestrator/daemon/reporting/stall.p
 - over the `interval_s` seconds since the previous line (or since the daemon started):
   `rollouts_per_s` (rollouts completed, `Dispatch.rollouts["completed"]`), `discards` by
   reason and `failures` by kind, the reasons and kinds that grew only; by environment,
-  the rollouts `scored` and their `mean_reward`, the envs that scored any only.
+  the rollouts `scored` and their `mean_reward`, the envs that scored any only; the
+  `discarded_bytes` of payload files deleted with discards.
 
 It reads the same `RunSnapshot` as the stall warning, so both name the same step,
 samples, discard reasons and failure kinds under the same keys; only their windows
@@ -58,6 +59,7 @@ def progress_line(before: RunSnapshot, now: RunSnapshot, elapsed_s: float) -> Pr
         failures=grown(now.failures, before.failures),
         scored=scored,
         mean_reward=mean_reward,
+        discarded_bytes=max(0, now.discarded_bytes - before.discarded_bytes),
     )
 
 
