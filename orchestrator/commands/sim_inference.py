@@ -94,6 +94,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="by handle, add each segment's blake2b digest (this project's extension)",
     )
+    replies.add_argument(
+        "--ignore-n",
+        action="store_true",
+        help="answer one choice whatever a request's n asks for, as a proxy that drops n",
+    )
     timing = parser.add_argument_group("latency")
     timing.add_argument(
         "--time-per-token-s", type=float, default=0.0, help="seconds per decoded token"
@@ -157,6 +162,7 @@ def _config(args: argparse.Namespace) -> SimInferenceConfig:
             role=args.role,
             disaggregated=args.disaggregated,
             max_num_seqs=args.max_num_seqs,
+            ignores_n=args.ignore_n,
         )
     except ValueError as exc:
         # attrs validators name the field, which is the option with `_` for `-`.
