@@ -484,8 +484,8 @@ def _log_unclean_end(exc: trio_parallel.BrokenWorkerError) -> None:
             "reward workers killed at the end",
             workers=killed,
             detail=f"still running {_WORKER_GRACE_PERIOD_S:g} s after the run told them to "
-            "exit: a reward module left a thread or a child process running in them; "
-            "nothing was lost",
+            "exit: a reward module left a thread or a child process running in them, or the "
+            "machine was too busy for them to exit sooner; nothing was lost",
         )
     if died:
         # The processes after the message: the ones that died first, then the killed.
