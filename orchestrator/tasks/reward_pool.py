@@ -495,7 +495,7 @@ def _log_unclean_end(exc: trio_parallel.BrokenWorkerError) -> None:
             workers=died,
             detail="; ".join(f"one {_exit_detail(code)}" for code in ended),
             note="killed from outside the daemon (the OOM killer, an operator) or crashed; "
-            "the rollouts they were scoring counted as reward_failed",
+            "a rollout one was scoring then counted as reward_failed",
         )
 
 
