@@ -343,7 +343,7 @@ def render_status(snapshot: RunOnDisk, payload: PayloadSurvey, now: float) -> st
 
     progress = snapshot.progress
     facts: list[tuple[str, str]] = [
-        ("daemon", _describe_daemon(snapshot.daemon)),
+        ("daemon", _describe_daemon(snapshot.daemon, now)),
         ("last shipped", _describe_shipped(snapshot)),
         ("published", f"{format_version(snapshot.published_version)} (latest weights)"),
     ]
@@ -363,14 +363,17 @@ def render_status(snapshot: RunOnDisk, payload: PayloadSurvey, now: float) -> st
     return "\n".join(lines)
 
 
-def _describe_daemon(daemon: DaemonLock) -> str:
+def _describe_daemon(daemon: DaemonLock, now: float) -> str:
+    from orchestrator.commands.inspect import describe_holder
+
     if daemon.running is None:
         return f"unknown: cannot check the lock {daemon.path}"
+    holder = None if daemon.holder is None else describe_holder(daemon.holder, now)
     if daemon.running:
-        return f"running ({daemon.holder or 'holder not recorded'})"
-    if daemon.holder is None:
+        return f"running ({holder or 'holder not recorded'})"
+    if holder is None:
         return "not running"
-    return f"not running (last: {daemon.holder})"
+    return f"not running (last: {holder})"
 
 
 def _describe_shipped(snapshot: RunOnDisk) -> str:
