@@ -99,6 +99,8 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
                 nursery.cancel_scope.cancel()
         return outcome, stop
 
+    from orchestrator.handoff.trainer_report import REPORT_PATH
+
     with preflight(config) as checked:
         try:
             outcome, stop = trio.run(main)
@@ -113,7 +115,7 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
         handoff=config.handoff,
         settings=config.handoff_settings,
         payload_root=config.payload_root,
-        trainer_report=config.run_dir / "trainer" / "report.json",
+        trainer_report=config.run_dir / REPORT_PATH,
         last_step=outcome.state.shipping.last_shipped,
         bound=outcome.state.versions.collected_below,
         stopped=stopped,

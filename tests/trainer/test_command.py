@@ -56,8 +56,9 @@ def test_a_restarted_trainer_goes_on_from_its_last_version(tiny_moe: Path, tmp_p
             *overrides(run_dir, tiny_moe, "max_steps=4"),
         ],
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         first = trainer(run_dir, tiny_moe, "max_steps=2")
@@ -66,7 +67,8 @@ def test_a_restarted_trainer_goes_on_from_its_last_version(tiny_moe: Path, tmp_p
         second = trainer(run_dir, tiny_moe, "max_steps=4")
         _, second_log = second.communicate(timeout=240)
         assert second.returncode == 0, second_log
-        assert daemon.wait(timeout=120) == 0
+        summary, _ = daemon.communicate(timeout=120)
+        assert daemon.returncode == 0
     finally:
         if daemon.poll() is None:
             daemon.kill()
@@ -77,6 +79,14 @@ def test_a_restarted_trainer_goes_on_from_its_last_version(tiny_moe: Path, tmp_p
     started = [json.loads(line) for line in second_log.splitlines() if "trainer started" in line]
     assert started and started[0]["version"] == 2, second_log
     assert "afresh" not in second_log
+    # The trainer's report, counted on across the restart, as the simulated trainer
+    # writes it: the run's summary checks every invariant against it.
+    report = json.loads((run_dir / "trainer" / "report.json").read_text())
+    assert report["format"] == "rollout-orchestrator.trainer-report/1"
+    assert (report["first_step"], report["last_step"], report["steps"]) == (1, 4, 4)
+    assert report["samples"] == 64 and report["payload_bytes"] > 0
+    assert report["violations"] == [] and report["dropped"] == []
+    assert "ok   no payload violations: the trainer read 64 samples of 4 batches" in summary
 
 
 def test_a_signal_stops_it_between_steps(tiny_moe: Path, tmp_path: Path) -> None:
