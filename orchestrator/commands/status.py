@@ -442,7 +442,12 @@ def _report_facts(progress: Progress, now: float) -> list[tuple[str, str]]:
     parts = [
         f"step {line.step}, {line.queued_samples} of {line.needed_samples} samples ready, "
         f"{line.inflight_rollouts} rollouts in flight{_limit_text(line.inflight_limit)}, "
-        f"{line.rollouts_per_s:g} rollouts/s",
+        f"{line.rollouts_per_s:g} rollouts/s"
+        + (
+            ""
+            if line.cpu_s_per_rollout is None
+            else f" ({line.cpu_s_per_rollout * 1000:.2f} ms daemon CPU each)"
+        ),
         f"discards {_counts_text(line.discards)}" if any(line.discards.values()) else "no discards",
         f"failures {_counts_text(line.failures)}" if any(line.failures.values()) else "no failures",
         *_rewards_text(line.scored, line.mean_reward),

@@ -57,7 +57,9 @@ class ProgressLine:
     `interval_s` seconds since the previous line (or the daemon's start):
     `rollouts_per_s` (completed rollouts), `discards` by reason and `failures` by kind
     (the reasons and kinds that grew only, as in the stall warning), and by environment
-    the rollouts `scored` and their `mean_reward` (the envs that scored any only).
+    the rollouts `scored` and their `mean_reward` (the envs that scored any only), and
+    `cpu_s_per_rollout`, the daemon process's CPU seconds per completed rollout (None:
+    none completed, or a file written before it was recorded).
     """
 
     step: int
@@ -71,6 +73,7 @@ class ProgressLine:
     inflight_limit: int = 0
     scored: Mapping[str, int] = attrs.field(factory=dict)
     mean_reward: Mapping[str, float] = attrs.field(factory=dict)
+    cpu_s_per_rollout: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The line's fields, as logged and as `progress.json` holds them."""
@@ -93,6 +96,9 @@ class ProgressLine:
             inflight_limit=int(raw.get("inflight_limit", 0)),
             scored=_counts(raw.get("scored")),
             mean_reward={str(k): float(v) for k, v in dict(raw.get("mean_reward") or {}).items()},
+            cpu_s_per_rollout=(
+                None if raw.get("cpu_s_per_rollout") is None else float(raw["cpu_s_per_rollout"])
+            ),
         )
 
 

@@ -35,6 +35,7 @@ def tally(
     limit: int = 96,
     scored: dict[str, int] | None = None,
     reward_sums: dict[str, float] | None = None,
+    cpu_s: float = 0.0,
 ) -> RunSnapshot:
     return RunSnapshot(
         step=3,
@@ -50,6 +51,7 @@ def tally(
         inflight_limit=limit,
         scored=scored or {},
         reward_sums=reward_sums or {},
+        cpu_s=cpu_s,
     )
 
 
@@ -76,6 +78,13 @@ def test_a_line_has_the_state_now_and_the_rate_and_deltas_since_before() -> None
     assert line.failures == {"malformed": 9}
 
 
+def test_the_daemon_cpu_per_rollout_is_over_the_interval() -> None:
+    before = tally(completed=100, cpu_s=12.0)
+    assert progress_line(before, tally(completed=400, cpu_s=18.0), 30.0).cpu_s_per_rollout == 0.02
+    # No rollout completed: no figure, rather than a division by nothing.
+    assert progress_line(before, tally(completed=100, cpu_s=13.0), 30.0).cpu_s_per_rollout is None
+
+
 def test_the_rate_is_rounded_and_zero_over_no_time() -> None:
     assert progress_line(tally(), tally(completed=1), 3.0).rollouts_per_s == 0.33
     assert progress_line(tally(), tally(completed=5), 0.0).rollouts_per_s == 0.0
@@ -97,6 +106,7 @@ def test_the_log_fields_are_the_json_fields() -> None:
         "inflight_limit": 96,
         "scored": {},
         "mean_reward": {},
+        "cpu_s_per_rollout": 0.0,
     }
 
 

@@ -6,6 +6,7 @@ Both read the same `RunSnapshot`, so they name the same step, samples, discard r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import attrs
@@ -37,6 +38,8 @@ class RunSnapshot:
     # The applied version's update has not finished (its collection and sweep): the
     # policy watcher looks for no newer version meanwhile.
     settling: bool = False
+    # The daemon process's CPU seconds so far (`time.process_time`: all its threads).
+    cpu_s: float = 0.0
 
 
 def snapshot(state: RunState, sink: TrainSink, *, needed: int, inflight_limit: int) -> RunSnapshot:
@@ -59,6 +62,7 @@ def snapshot(state: RunState, sink: TrainSink, *, needed: int, inflight_limit: i
         scored={env: env_totals.scored for env, env_totals in totals.envs.items()},
         reward_sums={env: env_totals.reward_sum for env, env_totals in totals.envs.items()},
         settling=state.versions.settled < state.versions.applied,
+        cpu_s=time.process_time(),
     )
 
 
