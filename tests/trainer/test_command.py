@@ -50,16 +50,17 @@ def trainer(run_dir: Path, model: Path, *more: str) -> subprocess.Popen[str]:
 
 def test_a_restarted_trainer_goes_on_from_its_last_version(tiny_moe: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    daemon = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "orchestrator.cli", "run", "--config", str(DEMO)),
-            *overrides(run_dir, tiny_moe, "max_steps=4"),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    daemon_log = tmp_path / "daemon.log"  # its log and, last, its summary
+    with daemon_log.open("w") as log_file:  # the child holds its own copy
+        daemon = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "orchestrator.cli", "run", "--config", str(DEMO)),
+                *overrides(run_dir, tiny_moe, "max_steps=4"),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
     try:
         first = trainer(run_dir, tiny_moe, "max_steps=2")
         _, first_log = first.communicate(timeout=240)
@@ -67,8 +68,7 @@ def test_a_restarted_trainer_goes_on_from_its_last_version(tiny_moe: Path, tmp_p
         second = trainer(run_dir, tiny_moe, "max_steps=4")
         _, second_log = second.communicate(timeout=240)
         assert second.returncode == 0, second_log
-        summary, _ = daemon.communicate(timeout=120)
-        assert daemon.returncode == 0
+        assert daemon.wait(timeout=120) == 0
     finally:
         if daemon.poll() is None:
             daemon.kill()
@@ -86,6 +86,7 @@ def test_a_restarted_trainer_goes_on_from_its_last_version(tiny_moe: Path, tmp_p
     assert (report["first_step"], report["last_step"], report["steps"]) == (1, 4, 4)
     assert report["samples"] == 64 and report["payload_bytes"] > 0
     assert report["violations"] == [] and report["dropped"] == []
+    summary = daemon_log.read_text()
     assert "ok   no payload violations: the trainer read 64 samples of 4 batches" in summary
 
 
