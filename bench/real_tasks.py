@@ -368,7 +368,7 @@ def model_report(results: list[Result], steps: int, vocabulary: Vocabulary, comm
     ]
     return "\n".join(
         [
-            f"### Real tasks with the tokenizer of `{vocabulary.folder.name}` "
+            f"## Real tasks with the tokenizer of `{vocabulary.folder.name}` "
             f"({vocabulary.size:,} ids, eos {vocabulary.eos_token_id})",
             "",
             f"`{command}` (revision {git_revision()}), on {machine()}.",
