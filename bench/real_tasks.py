@@ -19,7 +19,14 @@ its own), which is how a head node runs it. The million-row figure: the same
 demo run with the arith env reading a 1,000,000-row `.jsonl` (written here), its RSS
 after the run against the demo's.
 
+`--model DIR` takes the tokenizer (and chat template) from a model folder instead of
+demo/model: the servers then sample from its vocabulary and end a natural stop with its
+eos id (`--vocab-size`, `--eos-token-id`, `sim.vocab_size`, `sim.eos_token_id`), and the
+real-task rows only run (`--kinds` chooses others), their table written to a section of
+its own, named for the folder. What a real tokenizer costs the daemon, against the demo's.
+
     uv run --frozen --group bench python bench/real_tasks.py [--steps N] [--no-write]
+        [--model DIR] [--kinds tasks-demo,tasks-long]
 """
 
 from __future__ import annotations
@@ -168,7 +175,34 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
-def workload_overrides(kind: str, data: Path) -> list[str]:
+@attrs.frozen
+class Vocabulary:
+    """The tokenizer folder the real-task rows use, its size and eos id (the servers
+    sample from it and end a natural stop with it)."""
+
+    folder: Path
+    size: int
+    eos_token_id: int
+
+    @classmethod
+    def of(cls, folder: Path) -> Vocabulary:
+        from orchestrator.tasks.chat import ChatTokenizer
+
+        tokenizer = ChatTokenizer.load(folder, require_chat_template=True)
+        return cls(folder, tokenizer.vocab_size, tokenizer.stop_token_ids[0])
+
+    def server_flags(self) -> list[str]:
+        return [f"--vocab-size={self.size}", f"--eos-token-id={self.eos_token_id}"]
+
+    def overrides(self) -> list[str]:
+        return [f"sim.vocab_size={self.size}", f"sim.eos_token_id={self.eos_token_id}"]
+
+
+#: The demo's: demo/model has 1,024 ids, and <|im_end|> (id 2) ends a turn.
+DEMO_VOCABULARY = Vocabulary(MODEL, 1024, 2)
+
+
+def workload_overrides(kind: str, data: Path, model: Path = MODEL) -> list[str]:
     """The `--set`s of one workload beyond the run's own."""
     if kind == "toy-demo":
         return [
@@ -187,7 +221,7 @@ def workload_overrides(kind: str, data: Path) -> list[str]:
         ]
     arith = ROOT / "demo" / "data" / "arith.jsonl"
     common = [
-        f'model.tokenizer="{MODEL}"',
+        f'model.tokenizer="{model}"',
         f'env.1.dataset="{ROOT / "demo/data/chat.jsonl"}"',
         # Training's throughput alone: evals have their own figures.
         "eval.env=[]",
@@ -208,15 +242,17 @@ def workload_overrides(kind: str, data: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def fleet_and_trainer(run_dir: Path, steps: int, cores: frozenset[int]) -> Iterator[list[str]]:
-    """The workloads' fleet (2 sim-inference servers of SHAPE, a 1,024-token vocabulary)
-    and the sim trainer, on `cores`, for a run of `steps` in `run_dir`: yields the
-    daemon's `--set`s for them."""
-    with sim_servers(2, SHAPE, cores, extra=["--vocab-size=1024"]) as urls:
+def fleet_and_trainer(
+    run_dir: Path, steps: int, cores: frozenset[int], vocabulary: Vocabulary = DEMO_VOCABULARY
+) -> Iterator[list[str]]:
+    """The workloads' fleet (2 sim-inference servers of SHAPE, sampling from
+    `vocabulary`) and the sim trainer, on `cores`, for a run of `steps` in `run_dir`:
+    yields the daemon's `--set`s for them."""
+    with sim_servers(2, SHAPE, cores, extra=vocabulary.server_flags()) as urls:
         overrides = [
             *run_overrides(run_dir, urls, SHAPE, []),
             f"max_steps={steps}",
-            "sim.vocab_size=1024",
+            *vocabulary.overrides(),
             "payload.fsync=false",
         ]
         trainer = [
@@ -238,16 +274,18 @@ def run_one(
     every_core: bool = False,
     profiler: Span | None = None,
     batch_size: int | None = None,
+    vocabulary: Vocabulary = DEMO_VOCABULARY,
 ) -> Result:
     """One workload; `every_core`: this process is not pinned (see `every_core_row`),
     else the daemon runs on its own core. `profiler`: see `measure`. `batch_size`: the
     rollouts per step instead of the config's (16), with twice as many requests in flight
-    (the config's own ratio)."""
+    (the config's own ratio). `vocabulary`: the real-task rows' tokenizer folder."""
     cores = plan_cores()
     config_file = SIM if kind.startswith("toy") else DEMO
     batch = [] if batch_size is None else batch_overrides(batch_size)
-    with fleet_and_trainer(base / kind, steps, cores.fleet) as overrides:
-        config = load_config(config_file, [*overrides, *workload_overrides(kind, data), *batch])
+    workload = workload_overrides(kind, data, vocabulary.folder)
+    with fleet_and_trainer(base / kind, steps, cores.fleet, vocabulary) as overrides:
+        config = load_config(config_file, [*overrides, *workload, *batch])
         result = trio.run(measure, kind, config, profiler)
     if every_core:
         return attrs.evolve(result, cores=str(len(cores.daemon | cores.fleet) or "all"))
@@ -320,10 +358,46 @@ def report(results: list[Result], steps: int, million_rss: float) -> str:
     )
 
 
+def model_report(results: list[Result], steps: int, vocabulary: Vocabulary, command: str) -> str:
+    """The table of a `--model` run: the real-task rows with that tokenizer."""
+    rows = [
+        f"| {r.name} | {r.rollouts} | {r.seconds:.1f} | {r.daemon_cpu_s:.1f} | "
+        f"{1000 * r.daemon_cpu_s / r.rollouts if r.rollouts else 0:.2f} | {r.per_cpu_s:.0f} | "
+        f"{r.workers_cpu_s:.1f} | {r.rss_mib:.0f} |"
+        for r in results
+    ]
+    return "\n".join(
+        [
+            f"## Real tasks with the tokenizer of `{vocabulary.folder.name}` "
+            f"({vocabulary.size:,} ids, eos {vocabulary.eos_token_id})",
+            "",
+            f"`{command}` (revision {git_revision()}), on {machine()}.",
+            "",
+            "As the table above, pinned (the daemon on core 0, the fleet and trainer on the "
+            "other), the servers sampling from this vocabulary.",
+            "",
+            "| workload | rollouts | wall s | daemon CPU s | daemon CPU ms / rollout | "
+            "rollouts / daemon CPU s | reward workers CPU s | daemon RSS MiB |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            *rows,
+        ]
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="a model folder whose tokenizer the real-task rows use instead of demo/model",
+    )
+    parser.add_argument(
+        "--kinds",
+        default="tasks-demo,tasks-long",
+        help="with --model: the workloads to run, comma-separated (default %(default)s)",
+    )
     # Internal: one workload unpinned, its result as JSON (see `every_core_row`).
     parser.add_argument("--every-core", help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
@@ -341,6 +415,8 @@ def main() -> int:
             result = run_one(args.every_core, args.steps, args.data, Path(tmp), every_core=True)
         print(json.dumps(attrs.asdict(result)))
         return 0
+    if args.model is not None:
+        return model_main(args)
     every_core = frozenset(os.sched_getaffinity(0))
     pin_self(plan_cores().daemon)
     with tempfile.TemporaryDirectory(prefix="real-tasks-") as tmp:
@@ -363,6 +439,29 @@ def main() -> int:
     print(text)
     if not args.no_write:
         write_section("real_tasks", text)
+    return 0
+
+
+def model_main(args: argparse.Namespace) -> int:
+    """`--model DIR`: the `--kinds` workloads with that folder's tokenizer; its own section."""
+    vocabulary = Vocabulary.of(args.model.resolve())
+    pin_self(plan_cores().daemon)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="real-tasks-") as tmp:
+        base = Path(tmp)
+        long_dataset(base / "long.jsonl", rows=200, words=2600)
+        for kind in args.kinds.split(","):
+            print(f"{stamp()} {kind} with {vocabulary.folder} ...", flush=True)
+            results.append(run_one(kind, args.steps, base, base, vocabulary=vocabulary))
+            print(f"{stamp()} {kind}: {results[-1]}", flush=True)
+    command = (
+        f"uv run --frozen --group bench python bench/real_tasks.py --steps {args.steps} "
+        f"--model {args.model} --kinds {args.kinds}"
+    )
+    text = model_report(results, args.steps, vocabulary, command)
+    print(text)
+    if not args.no_write:
+        write_section(f"real_tasks_model_{vocabulary.folder.name}", text)
     return 0
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "DaemonLock",
     "RunMissing",
     "RunOnDisk",
+    "describe_holder",
     "format_as_of",
     "format_table",
     "format_version",
@@ -71,6 +72,18 @@ def format_as_of(unix_time: float, now: float) -> str:
         return "an unknown time"
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix_time))
     return f"{stamp}, {_age(now - unix_time)}"
+
+
+def describe_holder(holder: str, now: float) -> str:
+    """A lock holder's line (`host=vm pid=7625 since=1796693403`) for people:
+    `pid 7625 on vm, started 2026-12-08 01:30:03 UTC, 8.1 min ago`. A line in another
+    form is returned as it is."""
+    fields = dict(part.partition("=")[::2] for part in holder.split())
+    try:
+        since = float(fields["since"])
+        return f"pid {fields['pid']} on {fields['host']}, started {format_as_of(since, now)}"
+    except (KeyError, ValueError):
+        return holder
 
 
 def _age(seconds: float) -> str:

@@ -99,6 +99,8 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
                 nursery.cancel_scope.cancel()
         return outcome, stop
 
+    from orchestrator.handoff.trainer_report import REPORT_PATH
+
     with preflight(config) as checked:
         try:
             outcome, stop = trio.run(main)
@@ -113,7 +115,7 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
         handoff=config.handoff,
         settings=config.handoff_settings,
         payload_root=config.payload_root,
-        trainer_report=config.run_dir / "trainer" / "report.json",
+        trainer_report=config.run_dir / REPORT_PATH,
         last_step=outcome.state.shipping.last_shipped,
         bound=outcome.state.versions.collected_below,
         stopped=stopped,
@@ -124,6 +126,9 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
         duration_s=outcome.duration_s,
         first_step=outcome.first_step,
         evaluation=outcome.state.evaluation,
+        cpu_s=outcome.cpu_s,
+        # The worker processes that ended (all of them, once the run's tasks closed).
+        workers_cpu_s=_children_cpu_s(),
     )
     data["stopped_by"] = stop.reason if stopped else None
     data["forced_by"] = stop.forced_by if stopped else None
@@ -145,6 +150,13 @@ def _run(args: argparse.Namespace, early: _EarlySignals) -> int:
         # The graceful part was cut short: say so to whoever waits for the exit status.
         return 128 + signal.Signals[stop.forced_by].value
     return 0
+
+
+def _children_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -44,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-experts", type=int, default=128, help="experts per layer (default %(default)s)"
     )
     model.add_argument("--vocab-size", type=int, default=32000, help="(default %(default)s)")
+    model.add_argument(
+        "--eos-token-id",
+        type=int,
+        default=2,
+        help="the token a natural stop ends with: the tokenizer's eos (default %(default)s)",
+    )
     model.add_argument("--model-seed", type=int, default=0, help="(default %(default)s)")
     model.add_argument(
         "--served-model-name",
@@ -143,6 +149,7 @@ def _config(args: argparse.Namespace) -> SimInferenceConfig:
                 top_k=args.top_k,
                 num_experts=args.num_experts,
                 vocab_size=args.vocab_size,
+                eos_token_id=args.eos_token_id,
                 seed=args.model_seed,
             ),
             served_model_name=args.served_model_name,

@@ -343,7 +343,7 @@ def render_status(snapshot: RunOnDisk, payload: PayloadSurvey, now: float) -> st
 
     progress = snapshot.progress
     facts: list[tuple[str, str]] = [
-        ("daemon", _describe_daemon(snapshot.daemon)),
+        ("daemon", _describe_daemon(snapshot.daemon, now)),
         ("last shipped", _describe_shipped(snapshot)),
         ("published", f"{format_version(snapshot.published_version)} (latest weights)"),
     ]
@@ -363,14 +363,17 @@ def render_status(snapshot: RunOnDisk, payload: PayloadSurvey, now: float) -> st
     return "\n".join(lines)
 
 
-def _describe_daemon(daemon: DaemonLock) -> str:
+def _describe_daemon(daemon: DaemonLock, now: float) -> str:
+    from orchestrator.commands.inspect import describe_holder
+
     if daemon.running is None:
         return f"unknown: cannot check the lock {daemon.path}"
+    holder = None if daemon.holder is None else describe_holder(daemon.holder, now)
     if daemon.running:
-        return f"running ({daemon.holder or 'holder not recorded'})"
-    if daemon.holder is None:
+        return f"running ({holder or 'holder not recorded'})"
+    if holder is None:
         return "not running"
-    return f"not running (last: {daemon.holder})"
+    return f"not running (last: {holder})"
 
 
 def _describe_shipped(snapshot: RunOnDisk) -> str:
@@ -439,7 +442,12 @@ def _report_facts(progress: Progress, now: float) -> list[tuple[str, str]]:
     parts = [
         f"step {line.step}, {line.queued_samples} of {line.needed_samples} samples ready, "
         f"{line.inflight_rollouts} rollouts in flight{_limit_text(line.inflight_limit)}, "
-        f"{line.rollouts_per_s:g} rollouts/s",
+        f"{line.rollouts_per_s:g} rollouts/s"
+        + (
+            ""
+            if line.cpu_s_per_rollout is None
+            else f" ({line.cpu_s_per_rollout * 1000:.2f} ms daemon CPU each)"
+        ),
         f"discards {_counts_text(line.discards)}" if any(line.discards.values()) else "no discards",
         f"failures {_counts_text(line.failures)}" if any(line.failures.values()) else "no failures",
         *_rewards_text(line.scored, line.mean_reward),

@@ -117,9 +117,14 @@ def summary_data(
     duration_s: float,
     first_step: int,
     evaluation: Evaluation | None = None,
+    cpu_s: float | None = None,
+    workers_cpu_s: float | None = None,
 ) -> dict[str, Any]:
     """The summary's figures as JSON-able data (`--summary-json`): the run's `totals` at
-    its end, its invariants, and its evals (`evaluation`, the run state's)."""
+    its end, its invariants, its evals (`evaluation`, the run state's), and the CPU
+    seconds of the daemon's process over the run (`cpu_s`) and of its worker processes
+    that ended (`workers_cpu_s`: reward and environment workers), None when not known."""
+    completed = totals.rollouts.get("completed", 0)
     return {
         "steps": totals.last_shipped,
         "first_step": first_step,
@@ -147,8 +152,28 @@ def summary_data(
             for name, env in totals.envs.items()
         },
         "evals": None if evaluation is None else _evals_data(evaluation),
+        "cpu": {
+            "daemon_s": None if cpu_s is None else round(cpu_s, 2),
+            "daemon_s_per_rollout": (
+                round(cpu_s / completed, 6) if cpu_s is not None and completed else None
+            ),
+            "workers_s": None if workers_cpu_s is None else round(workers_cpu_s, 2),
+        },
         "invariants": [attrs.asdict(i) for i in invariants],
     }
+
+
+def _cpu_line(cpu: dict[str, Any] | None) -> str | None:
+    """`cpu            daemon 9.8 s, 30.6 ms per completed rollout; workers 2.1 s`."""
+    if not cpu or cpu.get("daemon_s") is None:
+        return None
+    per = cpu.get("daemon_s_per_rollout")
+    line = f"cpu            daemon {cpu['daemon_s']} s"
+    if per is not None:
+        line += f", {per * 1000:.2f} ms per completed rollout"
+    if cpu.get("workers_s") is not None:
+        line += f"; reward and environment workers {cpu['workers_s']} s"
+    return line
 
 
 def _evals_data(evaluation: Evaluation) -> dict[str, Any] | None:
@@ -184,6 +209,9 @@ def render_summary(data: dict[str, Any]) -> str:
         f"disk           peak {human_bytes(data['peak_payload_bytes'])}, "
         f"at exit {human_bytes(data['final_payload_bytes'])}",
     ]
+    cpu = _cpu_line(data.get("cpu"))
+    if cpu is not None:
+        lines.append(cpu)
     for name, env in data.get("envs", {}).items():
         mean = "n/a" if env["mean_reward"] is None else f"{env['mean_reward']:.3f}"
         skipped = f", {env['prompts_skipped']} prompts skipped" if env["prompts_skipped"] else ""

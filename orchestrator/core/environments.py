@@ -111,12 +111,16 @@ class Driven:
     it (None when it could not score it: `error` says why), its metrics, and every turn's
     sampled tokens as the environment recorded them, in order (the daemon checks them
     against the turns it ran). `error`: the episode itself failed (an exception in the
-    environment, a dead worker, a stop condition that is an error); the rollout fails."""
+    environment, a dead worker, a stop condition that is an error); the rollout fails.
+    `failed_calls`: the episode's model calls that failed on their way (a relay's 502: the
+    daemon never saw them) or were answered 5xx, as (HTTP status, message); each is
+    counted as a `model_call` failure, whether or not the rollout failed for it."""
 
     reward: float | None
     completions: tuple[tuple[int, ...], ...] = ()
     metrics: Mapping[str, float] = attrs.field(factory=dict)
     error: str | None = None
+    failed_calls: tuple[tuple[int, str], ...] = ()
 
 
 @runtime_checkable

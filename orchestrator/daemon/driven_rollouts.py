@@ -51,6 +51,11 @@ class DrivenRollouts:
             nursery.start_soon(calls.serve)
             driven = await episode.drive(model_url)
             nursery.cancel_scope.cancel()
+        for status, message in driven.failed_calls:
+            # Calls the environment saw fail that never reached the endpoint (or were
+            # answered 5xx): in the run's failures, not only in the worker's log.
+            detail = f"a model call of the environment failed: HTTP {status}: {message}"
+            self.rejections.record("model_call", run.server, detail, rollout=run.rollout_id)
         if run.failed is not None:
             return run
         problem = driven.error or _disagreement(driven, run)

@@ -44,9 +44,10 @@ _WATCHER_WAKE_MS = 500
 
 async def broadcast_update_weights(
     client: Requester, config: Config, pool: ServerPool, version: int
-) -> None:
+) -> list[str] | None:
     """Tell every healthy server to load `version` by `[inference] weight_update`'s
-    protocol, concurrently, with retries (nothing with "none").
+    protocol, concurrently, with retries (nothing with "none"). Returns the URLs of the
+    servers that loaded it, in the pool's order (None: the protocol loads nothing).
 
     A server that still fails after `retries` attempts is marked down: it gets the
     version from the health prober when it comes back, and no group is pinned to it
@@ -56,13 +57,15 @@ async def broadcast_update_weights(
     weight_dir = weights_step_dir(config.weights_dir, version, layout=config.trainer.weights_layout)
     plan = weight_update_plan(config.inference.weight_update, weight_dir, version)
     if not plan.calls:
-        return
+        return None
+    loaded: set[str] = set()
 
     async def update(url: str) -> None:
         for attempt in range(config.inference.retries + 1):
             try:
                 with trio.fail_after(config.inference.request_timeout_s):
                     await load_weights(client, url, plan)
+                loaded.add(url)
                 return
             except (InferenceFailure, trio.TooSlowError) as exc:
                 error = str(exc) or "no answer in time"
@@ -76,9 +79,11 @@ async def broadcast_update_weights(
             await trio.sleep(min(config.inference.retry_backoff_s * 2**attempt, 10.0))
         pool.mark_down(url, f"did not load v{version}")
 
+    healthy = list(pool.healthy())
     async with trio.open_nursery() as nursery:
-        for url in pool.healthy():
+        for url in healthy:
             nursery.start_soon(update, url)
+    return [url for url in healthy if url in loaded]
 
 
 @attrs.define
@@ -194,17 +199,21 @@ class PolicyWatcher:
     async def apply(self, version: int) -> None:
         """Load `version` on every server, apply it, collect, sweep (docs/design.md §5)."""
         previous = self.state.versions.applied
-        await self.load(version)
+        servers = await self.load(version)
         await self.settle(version)
         bound = self.state.versions.collected_below
-        log.info("applied version", version=version, previous=previous, bound=bound)
+        # The servers that loaded it: the console's one line per version names them.
+        where = {} if servers is None else {"servers": servers}
+        log.info("applied version", version=version, previous=previous, bound=bound, **where)
 
-    async def load(self, version: int) -> None:
+    async def load(self, version: int) -> list[str] | None:
         """Load `version` on every server and make it the applied version: rollouts
-        dispatched from now on are tagged with it."""
-        await broadcast_update_weights(self.client, self.config, self.pool, version)
+        dispatched from now on are tagged with it. Returns the servers that loaded it
+        (None: `[inference] weight_update = "none"` loads nothing)."""
+        servers = await broadcast_update_weights(self.client, self.config, self.pool, version)
         self.state.versions.applied = version
         self.state.notify()
+        return servers
 
     async def settle(self, version: int) -> None:
         """The rest of an update to `version`: collect below its bound, then sweep."""

@@ -66,7 +66,9 @@ log = structlog.get_logger(__name__)
 @attrs.frozen
 class RunOutcome:
     """What a run did, for the summary: the final state, the sink, where it started, how
-    long it took, the servers, and whether a stop request ended it."""
+    long it took, the servers, whether a stop request ended it, and the CPU seconds the
+    process spent meanwhile (`time.process_time`: every thread of the process, so the
+    local fleet and trainer too when they run in it)."""
 
     state: RunState
     sink: TrainSink
@@ -74,6 +76,7 @@ class RunOutcome:
     duration_s: float
     urls: tuple[str, ...]
     stopped: bool = False
+    cpu_s: float = 0.0
 
 
 async def run_daemon(
@@ -104,7 +107,7 @@ async def run_daemon(
     and `state.dispatch.halt_reason` says why.
     The other arguments are what the run runs against: see `services.RunInputs`.
     """
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     inputs = RunInputs(
         tuple(servers), environment, handoff, tuple(evals), token, tuple(metrics_sockets)
     )
@@ -126,7 +129,10 @@ async def run_daemon(
     stopped = stop.scope.cancelled_caught
     await _account_for_the_end(config, handoff, state, stop if stopped else None)
     duration_s = time.monotonic() - started
-    return RunOutcome(state, sink, start.resume_step + 1, duration_s, inputs.servers, stopped)
+    cpu_s = time.process_time() - cpu_started
+    return RunOutcome(
+        state, sink, start.resume_step + 1, duration_s, inputs.servers, stopped, cpu_s
+    )
 
 
 async def _account_for_the_end(

@@ -11,8 +11,10 @@ atomic step directory (`durable`), step directory names and their layouts
 (`step_dirs`), waiting for a step (`wait`), the samples dropped for an unreadable
 payload (`dropped`), published weights, `<weights_dir>/step_NNNNNN/STABLE` or
 `step_N/STABLE` in prime-rl's layout (`weights`), and the daemon's own state
-(`progress`: `progress.json` and the run lock). docs/protocol.md#batches describes the
-hand-off and the file byte for byte for trainers in other codebases.
+(`progress`: `progress.json` and the run lock), and the trainer's report of what it read
+(`trainer_report`: `<run_dir>/trainer/report.json`, either trainer's).
+docs/protocol.md#batches describes the hand-off and the file byte for byte for trainers
+in other codebases.
 """
 
 from orchestrator.core.rollouts import TrainSample as TrainSample

@@ -57,8 +57,10 @@ class ProgressLine:
     `interval_s` seconds since the previous line (or the daemon's start):
     `rollouts_per_s` (completed rollouts), `discards` by reason and `failures` by kind
     (the reasons and kinds that grew only, as in the stall warning), by environment the
-    rollouts `scored` and their `mean_reward` (the envs that scored any only), and the
-    `discarded_bytes` of payload files deleted with discards.
+    rollouts `scored` and their `mean_reward` (the envs that scored any only), the
+    `discarded_bytes` of payload files deleted with discards, and `cpu_s_per_rollout`,
+    the daemon process's CPU seconds per completed rollout (None: none completed, or a
+    file written before it was recorded).
     """
 
     step: int
@@ -75,6 +77,7 @@ class ProgressLine:
     # Bytes of the payload files deleted with discarded rollouts in the interval: what
     # they cost the disk, written and deleted for nothing.
     discarded_bytes: int = 0
+    cpu_s_per_rollout: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The line's fields, as logged and as `progress.json` holds them."""
@@ -98,6 +101,9 @@ class ProgressLine:
             scored=_counts(raw.get("scored")),
             mean_reward={str(k): float(v) for k, v in dict(raw.get("mean_reward") or {}).items()},
             discarded_bytes=int(raw.get("discarded_bytes", 0)),
+            cpu_s_per_rollout=(
+                None if raw.get("cpu_s_per_rollout") is None else float(raw["cpu_s_per_rollout"])
+            ),
         )
 
 

@@ -33,12 +33,21 @@ _METADATA = re.compile(r"\s*<metadata>.*?</metadata>", re.DOTALL)
 class Plot:
     """One plot of the report: its id (the page's anchor), title, and how it is drawn;
     `draw` returns False when the run has nothing for it yet. `note`: a sentence the page
-    puts under it."""
+    puts under it. `when_none`: what the plot says when the run has shipped steps but
+    nothing for this plot (`{steps}`: how many), instead of "nothing recorded yet"."""
 
     name: str
     title: str
     draw: Callable[[Axes, RunRecords], bool]
     note: str = ""
+    when_none: str = ""
+
+    def empty_text(self, records: RunRecords) -> str:
+        """What the plot says when `draw` found nothing to draw."""
+        steps = len(records.step_rows)
+        if steps and self.when_none:
+            return self.when_none.format(steps=steps)
+        return "nothing recorded yet"
 
 
 def _counts(row: Record, key: str) -> Mapping[str, float]:
@@ -225,7 +234,7 @@ def draw_clipped(ax: Axes, records: RunRecords) -> bool:
 PLOTS: tuple[Plot, ...] = (
     Plot("reward", "Reward per step, by env", draw_reward),
     Plot("evals", "Evals per policy version", draw_evals),
-    Plot("discards", "Discards by reason", draw_discards),
+    Plot("discards", "Discards by reason", draw_discards, when_none="no discards in {steps} steps"),
     Plot("staleness", "Staleness of shipped samples", draw_staleness),
     Plot("payload", "Payload disk use and collections", draw_payload),
     Plot("throughput", "Rollouts per second", draw_throughput),
@@ -263,11 +272,12 @@ _STYLE: dict[RcKeyType, Any] = {
 }
 
 
-def _finish(ax: Axes, plot: Plot, drew: bool) -> None:
+def _finish(ax: Axes, plot: Plot, drew: bool, records: RunRecords) -> None:
     ax.set_title(plot.title)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and versions
     if not drew:
-        ax.text(0.5, 0.5, "nothing recorded yet", ha="center", va="center", transform=ax.transAxes)
+        text = plot.empty_text(records)
+        ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
         ax.set_xticks([])
         ax.set_yticks([])
     elif ax.get_legend_handles_labels()[0]:
@@ -281,7 +291,7 @@ def plot_svg(plot: Plot, records: RunRecords) -> tuple[str, bool]:
         figure = Figure(figsize=(6.4, 3.4), layout="constrained")
         ax = figure.add_subplot()
         drew = plot.draw(ax, records)
-        _finish(ax, plot, drew)
+        _finish(ax, plot, drew, records)
         buffer = io.StringIO()
         figure.savefig(buffer, format="svg", metadata={"Date": None})
     text = buffer.getvalue()
@@ -298,7 +308,7 @@ def plots_png(records: RunRecords) -> bytes:
         figure = Figure(figsize=(12.8, 3.4 * rows), layout="constrained")
         for index, plot in enumerate(plots):
             ax = figure.add_subplot(rows, 2, index + 1)
-            _finish(ax, plot, plot.draw(ax, records))
+            _finish(ax, plot, plot.draw(ax, records), records)
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", metadata={"Software": None})
     return buffer.getvalue()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import trio
 
 from orchestrator.config import Config
+from orchestrator.handoff.trainer_report import REPORT_PATH
 from orchestrator.sim import FaultRates, SimInferenceConfig, SimModel
 from orchestrator.sim.inference import DEFAULT_SERVED_MODEL_NAME, serve_inference
 from orchestrator.sim.trainer import SimTrainerConfig, serve_trainer
@@ -88,6 +89,6 @@ def sim_trainer_config(config: Config) -> SimTrainerConfig:
         format=config.trainer.format,
         data_world_size=config.trainer.data_world_size,
         verify=True,
-        report_path=config.run_dir / "trainer" / "report.json",
+        report_path=config.run_dir / REPORT_PATH,
         checkpoint_base=config.sim.trainer_checkpoint,
     )

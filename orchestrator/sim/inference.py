@@ -306,7 +306,7 @@ class _InferenceApp:
         state.weight_dir = weight_dir
         if version is not None:
             state.version = version
-        log.info("weights updated", weight_dir=weight_dir, version=version)
+        log.info("weights updated", url=state.url, weight_dir=weight_dir, version=version)
 
     async def _health(self, send: Send) -> None:
         await send_json(send, 200, self.state.health())

@@ -34,7 +34,6 @@ module compares no format names.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,24 +43,29 @@ import structlog
 import trio
 
 from orchestrator.handoff import (
-    DroppedSample,
     HandoffFormat,
     HandoffSettings,
     StepLayout,
     handoff_format,
     latest_published_version,
     publish_weights,
-    replace_file_atomically,
     wait_for_step_dir,
     weights_step_dir,
+)
+from orchestrator.handoff.trainer_report import REPORT_FORMAT as REPORT_FORMAT
+from orchestrator.handoff.trainer_report import Dropped as Dropped
+from orchestrator.handoff.trainer_report import TrainerStats as TrainerStats
+from orchestrator.handoff.trainer_report import Violation as Violation
+from orchestrator.handoff.trainer_report import (
+    dropped_entries,
+    initial_stats,
+    write_report,
 )
 from orchestrator.sim.checkpoints import write_checkpoint
 
 log = structlog.get_logger(__name__)
 
 _T = TypeVar("_T")
-
-REPORT_FORMAT = "rollout-orchestrator.trainer-report/1"
 
 
 def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -126,90 +130,6 @@ class SimTrainerConfig:
 
 
 @attrs.frozen
-class Violation:
-    """A batch the trainer could not read: which step, what kind, which file, why.
-
-    `kind` is one of `payload_missing`, `payload_corrupt`, `bad_payload`, `bad_batch`,
-    `io_error`; with the "prime-rl" format also `bad_micro_batch` (a micro batch breaks
-    prime-rl's rules, or disagrees with the step's manifest) and `routing_mismatch`
-    (routing rows differ from the payload files).
-    """
-
-    step: int
-    kind: str
-    file: str
-    message: str
-
-
-@attrs.frozen
-class Dropped:
-    """A sample the trainer left out of step `step` because its payload files are broken.
-
-    `reason` is `payload_corrupt`, `payload_missing` or `bad_payload_file` (see
-    `orchestrator.handoff.DroppedSample`); `server` the inference server that generated
-    it (None when the batch does not say); `file` the payload file concerned.
-    """
-
-    step: int
-    group_id: str
-    rollout_id: str
-    server: str | None
-    reason: str
-    file: str
-    message: str
-
-
-@attrs.define
-class TrainerStats:
-    """What the trainer did: steps trained, samples and payload bytes read, samples
-    dropped, violations.
-
-    `samples` counts the samples trained on; `dropped` lists those left out for broken
-    payload files (a `payload_missing` one is also a violation, the others are not).
-    `payload_bytes` counts the payload arrays the trainer got, read from files (by
-    handle) or decoded (inline). The counts cover steps `first_step .. last_step`:
-    `last_step` is the last version published (`first_step - 1` before the first). A
-    restarted trainer carries on the previous report's counts when it can read them,
-    else it counts from where it resumed.
-    """
-
-    first_step: int
-    last_step: int = 0
-    steps: int = 0
-    samples: int = 0
-    payload_bytes: int = 0
-    violations: list[Violation] = attrs.Factory(list)
-    dropped: list[Dropped] = attrs.Factory(list)
-
-    def to_json(self) -> dict[str, Any]:
-        """The report's JSON object."""
-        return {"format": REPORT_FORMAT, **attrs.asdict(self)}
-
-    @classmethod
-    def from_json(cls, obj: object) -> TrainerStats:
-        """Parse a report written by `to_json`. Raises ValueError when it is not one."""
-        if not isinstance(obj, dict) or obj.get("format") != REPORT_FORMAT:
-            raise ValueError("not a trainer report")
-        try:
-            violations = [Violation(**v) for v in obj["violations"]]
-            # A report written before samples were dropped has no `dropped`.
-            dropped = [Dropped(**d) for d in obj.get("dropped", [])]
-            fields = {k: obj[k] for k in ("first_step", "last_step", "steps", "samples")}
-            stats = cls(
-                **fields,
-                payload_bytes=obj["payload_bytes"],
-                violations=violations,
-                dropped=dropped,
-            )
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"malformed trainer report: {exc}") from None
-        counts = (stats.first_step, stats.last_step, stats.steps, stats.samples)
-        if not all(type(value) is int for value in (*counts, stats.payload_bytes)):
-            raise ValueError("malformed trainer report: counts must be integers")
-        return stats
-
-
-@attrs.frozen
 class _StepRead:
     samples: int
     payload_bytes: int
@@ -236,7 +156,7 @@ async def serve_trainer(
     # One thread at a time: the trainer does one thing at a time anyway.
     limiter = trio.CapacityLimiter(1)
     latest = await _in_thread(functools.partial(_prepare_dirs, config), limiter)
-    stats = await _in_thread(functools.partial(_initial_stats, config, latest), limiter)
+    stats = await _in_thread(functools.partial(initial_stats, config.report_path, latest), limiter)
     await _write_report(config, stats, limiter)
     task_status.started(stats)
     step = latest + 1
@@ -245,12 +165,13 @@ async def serve_trainer(
         read = await _wait_and_read(config, step, limiter)
         await trio.sleep(config.train_time_s)
         await _in_thread(functools.partial(_publish, config, step), limiter)
-        stats.last_step = step
-        stats.steps += 1
-        stats.samples += read.samples
-        stats.payload_bytes += read.payload_bytes
-        stats.violations.extend(read.violations)
-        stats.dropped.extend(read.dropped)
+        stats.add_step(
+            step,
+            samples=read.samples,
+            payload_bytes=read.payload_bytes,
+            violations=read.violations,
+            dropped=read.dropped,
+        )
         await _write_report(config, stats, limiter)
         log.info(
             "trained",
@@ -303,22 +224,6 @@ def _prepare_dirs(config: SimTrainerConfig) -> int:
     return latest_published_version(config.weights_dir, layout=config.weights_layout)
 
 
-def _initial_stats(config: SimTrainerConfig, latest: int) -> TrainerStats:
-    """Fresh stats, or the previous report's when resuming (latest > 0)."""
-    fresh = TrainerStats(first_step=latest + 1, last_step=latest)
-    if latest == 0 or config.report_path is None:
-        return fresh
-    try:
-        previous = TrainerStats.from_json(json.loads(config.report_path.read_bytes()))
-    except FileNotFoundError:
-        return fresh
-    except (OSError, ValueError) as exc:
-        log.warning("previous trainer report unusable; counting afresh", error=str(exc))
-        return fresh
-    previous.last_step = latest
-    return previous
-
-
 def _read_step(
     handoff: HandoffFormat, settings: HandoffSettings, step_dir: Path, step: int, verify: bool
 ) -> _StepRead:
@@ -335,47 +240,12 @@ def _read_step(
             error=problem.message,
         )
         violations.append(Violation(step, problem.kind, problem.file, problem.message))
-    dropped = tuple(_drop(step, sample) for sample in read.dropped)
-    violations += [
-        Violation(step=step, kind=d.reason, file=d.file, message=d.message)
-        for d in dropped
-        if d.reason == "payload_missing"
-    ]
-    return _StepRead(read.samples, read.payload_bytes, tuple(violations), dropped)
-
-
-def _drop(step: int, sample: DroppedSample) -> Dropped:
-    fields = {
-        "step": step,
-        "rollout": sample.rollout_id,
-        "group": sample.group_id,
-        "server": sample.server,
-        "reason": sample.reason,
-        "file": sample.file,
-    }
-    if sample.reason == "payload_missing":
-        # Not the server's doing, as far as anyone can tell: the orchestrator checked the
-        # file when the group finished and must keep it until this step is published.
-        log.error("sample violates the hand-off; dropped", **fields, error=sample.error)
-    else:
-        log.warning("sample dropped: broken payload", **fields, error=sample.error)
-    return Dropped(
-        step=step,
-        group_id=sample.group_id,
-        rollout_id=sample.rollout_id,
-        server=sample.server,
-        reason=sample.reason,
-        file=sample.file,
-        message=str(sample),
-    )
+    dropped, missing = dropped_entries(step, read.dropped)
+    return _StepRead(read.samples, read.payload_bytes, (*violations, *missing), dropped)
 
 
 async def _write_report(
     config: SimTrainerConfig, stats: TrainerStats, limiter: trio.CapacityLimiter
 ) -> None:
-    if config.report_path is None:
-        return
-    data = (json.dumps(stats.to_json(), indent=2) + "\n").encode()
-    # A report is diagnostics, not state: atomic for readers, but no fsync needed.
-    write = functools.partial(replace_file_atomically, config.report_path, data, fsync=False)
-    await _in_thread(write, limiter)
+    if config.report_path is not None:
+        await _in_thread(functools.partial(write_report, config.report_path, stats), limiter)

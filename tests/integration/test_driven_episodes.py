@@ -51,7 +51,8 @@ def sim_config(run_dir: Path, *overrides: str) -> Config:
 class ToolLikeEpisode:
     """Two calls: the prompt, then the prompt, the completion and a "tool result" of its
     own. `how` breaks it on purpose: "rerender" sends a second conversation that does not
-    extend the first, "misrecord" reports a completion the server never sampled."""
+    extend the first, "misrecord" reports a completion the server never sampled, "flaky"
+    reports a failed call besides its well-run ones."""
 
     prompt_ids: tuple[int, ...]
     how: str = "well"
@@ -83,7 +84,9 @@ class ToolLikeEpisode:
         if self.how == "misrecord":
             completions[-1] = (*completions[-1], 1)
         self._reward = float(sum(completions[0]) % 2)
-        return Driven(self._reward, tuple(completions), metrics={"turns": 2.0})
+        # "flaky": a call failed on its way and was retried (what a relay's 502 is).
+        failed = ((502, "bad gateway"),) if self.how == "flaky" else ()
+        return Driven(self._reward, tuple(completions), metrics={"turns": 2.0}, failed_calls=failed)
 
     async def score(self, completions: Sequence[np.ndarray]) -> float:
         if self._reward is None:
@@ -168,3 +171,29 @@ async def test_an_environment_that_disagrees_with_what_was_sampled_is_refused(
     ]
     expected = "do not extend" if how == "rerender" else "differ from"
     assert texts and all(expected in text for text in texts)
+
+
+async def test_the_model_calls_an_environment_saw_fail_are_the_runs_failures(
+    tmp_path: Path,
+) -> None:
+    config = sim_config(tmp_path / "run", "max_steps=0")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(serve_local_fleet, config)
+            start = functools.partial(
+                run_daemon,
+                config,
+                servers=urls,
+                environment=ToolLikeEnvironment("flaky"),
+                handoff=config.handoff,
+            )
+            state = await nursery.start(lambda task_status: start(task_status=task_status))
+            # Counted, and the rollouts that reported them went on to complete.
+            while (
+                state.dispatch.failures["model_call"] < 8
+                or state.dispatch.rollouts["completed"] < 8
+            ):
+                await state.wait_changed()
+            nursery.cancel_scope.cancel()
+    texts = [text for (kind, text) in state.dispatch.rejections.texts() if kind == "model_call"]
+    assert texts == ["a model call of the environment failed: HTTP 502: bad gateway"]

@@ -7,6 +7,7 @@ the run goes on; a resumed run continues the data instead of replaying it."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from orchestrator.commands.launch import launch_run
 from orchestrator.config import Config, load_config
 from orchestrator.daemon import RunOutcome
 from orchestrator.handoff import BATCH_FILE, read_batch_file, shipped_steps
+from orchestrator.logs import console_processors
 from orchestrator.tasks.chat import ChatTokenizer
 
 ARITH = DEMO_DATA / "arith.jsonl"
@@ -45,6 +47,19 @@ def demo_config(run_dir: Path, *overrides: str) -> Config:
 
 def rows(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def on_console(entry: dict[str, Any]) -> str | None:
+    """A captured event as the console shows it on a terminal (None: left out)."""
+    rendered: Any = {**entry, "level": entry["log_level"], "timestamp": "00:00:00"}
+    del rendered["log_level"]
+    for processor in console_processors(colors=False):
+        try:
+            rendered = processor(None, entry["log_level"], rendered)
+        except structlog.DropEvent:
+            return None
+    assert isinstance(rendered, str)
+    return rendered.removeprefix("00:00:00 ")
 
 
 def shipped_samples(config: Config) -> list[object]:
@@ -94,6 +109,18 @@ async def test_a_demo_run_trains_on_the_rendered_dataset_rows(tmp_path: Path) ->
     assert all(t.scored > 0 and t.mean_reward is not None for t in tally.values())
     assert sum(t.shipped for t in tally.values()) == 3 * config.batch.size
     assert outcome.state.dispatch.rollouts["reward_failed"] == 0
+    # On a terminal: one line per shipped step and one per applied version naming both
+    # servers (none per server), no zero discards, no absolute paths.
+    shown = [line for entry in logs if (line := on_console(entry)) is not None]
+    servers = ", ".join(url.removeprefix("http://") for url in outcome.urls)
+    for step in (1, 2, 3):
+        assert sum(line.startswith(f"[info] step {step} shipped: ") for line in shown) == 1
+        assert f"[info] v{step} applied on {servers}; collection bound " in "\n".join(shown)
+    assert not any("weights updated" in line for line in shown), shown
+    zero_discard = re.compile(r"(stale|swept|no_signal|curriculum|untrainable|pruned|failed) 0\b")
+    for line in (line for line in shown if " shipped: " in line):
+        assert str(tmp_path) not in line and not zero_discard.search(line), line
+    assert events.count("weights updated") == 3 * len(outcome.urls)
 
 
 # Each way to fail is a role that the first prompt (answer) to come along takes, marked by a

@@ -107,6 +107,9 @@ def _held_by_child(code: str, *args: str) -> Iterator[int]:
             assert child.wait(timeout=30) == 0
 
 
+# A time for people, as `format_as_of` writes it.
+WHEN = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, \d+ s ago"
+
 _HOLD_DAEMON_LOCK = """
 import sys
 from pathlib import Path
@@ -242,10 +245,12 @@ def test_status_sees_a_running_daemon(
         assert daemon["running"] is True
         assert f"pid={pid}" in daemon["holder"]
         code, out, _ = run_cli(capsys, "status", "--config", str(config_file))
-        assert "  daemon:          running (host=" in out
+        assert re.search(rf"  daemon:          running \(pid {pid} on \S+, started {WHEN}\)", out)
     code, out, _ = run_cli(capsys, "status", "--config", str(config_file))
-    assert "  daemon:          not running (last: host=" in out
-    assert f"pid={pid} " in out
+    # When it started for people, not the lock file's epoch.
+    assert re.search(
+        rf"  daemon:          not running \(last: pid {pid} on \S+, started {WHEN}\)", out
+    )
 
 
 def test_status_of_a_run_without_progress_or_payload_root(

@@ -50,15 +50,17 @@ def trainer(run_dir: Path, model: Path, *more: str) -> subprocess.Popen[str]:
 
 def test_a_restarted_trainer_goes_on_from_its_last_version(tiny_moe: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    daemon = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "orchestrator.cli", "run", "--config", str(DEMO)),
-            *overrides(run_dir, tiny_moe, "max_steps=4"),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    daemon_log = tmp_path / "daemon.log"  # its log and, last, its summary
+    with daemon_log.open("w") as log_file:  # the child holds its own copy
+        daemon = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "orchestrator.cli", "run", "--config", str(DEMO)),
+                *overrides(run_dir, tiny_moe, "max_steps=4"),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
     try:
         first = trainer(run_dir, tiny_moe, "max_steps=2")
         _, first_log = first.communicate(timeout=240)
@@ -77,6 +79,15 @@ def test_a_restarted_trainer_goes_on_from_its_last_version(tiny_moe: Path, tmp_p
     started = [json.loads(line) for line in second_log.splitlines() if "trainer started" in line]
     assert started and started[0]["version"] == 2, second_log
     assert "afresh" not in second_log
+    # The trainer's report, counted on across the restart, as the simulated trainer
+    # writes it: the run's summary checks every invariant against it.
+    report = json.loads((run_dir / "trainer" / "report.json").read_text())
+    assert report["format"] == "rollout-orchestrator.trainer-report/1"
+    assert (report["first_step"], report["last_step"], report["steps"]) == (1, 4, 4)
+    assert report["samples"] == 64 and report["payload_bytes"] > 0
+    assert report["violations"] == [] and report["dropped"] == []
+    summary = daemon_log.read_text()
+    assert "ok   no payload violations: the trainer read 64 samples of 4 batches" in summary
 
 
 def test_a_signal_stops_it_between_steps(tiny_moe: Path, tmp_path: Path) -> None:

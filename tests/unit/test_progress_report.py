@@ -36,6 +36,7 @@ def tally(
     scored: dict[str, int] | None = None,
     reward_sums: dict[str, float] | None = None,
     discarded_bytes: int = 0,
+    cpu_s: float = 0.0,
 ) -> RunSnapshot:
     return RunSnapshot(
         step=3,
@@ -52,6 +53,7 @@ def tally(
         scored=scored or {},
         reward_sums=reward_sums or {},
         discarded_bytes=discarded_bytes,
+        cpu_s=cpu_s,
     )
 
 
@@ -76,6 +78,13 @@ def test_a_line_has_the_state_now_and_the_rate_and_deltas_since_before() -> None
     # Only the reasons and kinds that grew, by how much.
     assert line.discards == {"untrainable": 300, "stale": 3}
     assert line.failures == {"malformed": 9}
+
+
+def test_the_daemon_cpu_per_rollout_is_over_the_interval() -> None:
+    before = tally(completed=100, cpu_s=12.0)
+    assert progress_line(before, tally(completed=400, cpu_s=18.0), 30.0).cpu_s_per_rollout == 0.02
+    # No rollout completed: no figure, rather than a division by nothing.
+    assert progress_line(before, tally(completed=100, cpu_s=13.0), 30.0).cpu_s_per_rollout is None
 
 
 def test_the_rate_is_rounded_and_zero_over_no_time() -> None:
@@ -104,6 +113,7 @@ def test_the_log_fields_are_the_json_fields() -> None:
         "scored": {},
         "mean_reward": {},
         "discarded_bytes": 4096,
+        "cpu_s_per_rollout": 0.0,
     }
     assert type(line).from_json(line.to_json()) == line
 

@@ -309,3 +309,12 @@ def test_an_all_null_no_replay_series_is_left_out(tmp_path: Path) -> None:
     page = render_html(records, title="t")
     assert re.search(r'<figure id="mismatch" data-plot="mismatch" class="empty">', page)
     assert page.count('class="empty"') == 1 + len(PLOTS)  # and every run plot: no steps
+
+
+def test_a_finished_run_without_discards_says_so(tmp_path: Path) -> None:
+    write_run(tmp_path, [step_line(s, discards={"stale": 0, "swept": 0}) for s in range(1, 4)], [])
+    page = render_html(records_of(tmp_path), title="Run clean")
+    assert re.search(r'<figure id="discards" data-plot="discards" class="empty">', page)
+    assert "no discards in 3 steps" in page
+    # The evals' plot has nothing for other reasons: it still says nothing was recorded.
+    assert page.count("nothing recorded yet") == 1

@@ -114,3 +114,16 @@ def test_an_environments_own_metrics_are_summarized_as_means() -> None:
     data = summary_data(totals, [], duration_s=1.0, first_step=1)
     assert data["envs"]["tools"]["metrics"] == {"tool_calls": 0.5, "turns": 2.0}
     assert "metrics (means) tool_calls 0.5, turns 2" in render_summary(data)
+
+
+def test_the_daemons_cpu_is_given_per_completed_rollout() -> None:
+    state = RunState(Staleness(2, 1), Shipping(3))
+    totals = attrs.evolve(totals_of(state), rollouts={"completed": 400})
+    data = summary_data(totals, [], duration_s=9.0, first_step=1, cpu_s=6.0, workers_cpu_s=2.5)
+    assert data["cpu"] == {"daemon_s": 6.0, "daemon_s_per_rollout": 0.015, "workers_s": 2.5}
+    assert (
+        "cpu            daemon 6.0 s, 15.00 ms per completed rollout; "
+        "reward and environment workers 2.5 s"
+    ) in render_summary(data)
+    # Not measured (a caller that gives none): no line.
+    assert "cpu " not in render_summary(summary_data(totals, [], duration_s=9.0, first_step=1))

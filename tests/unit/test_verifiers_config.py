@@ -195,6 +195,9 @@ def test_a_run_answer_reads_as_driven() -> None:
     assert _driven(answer) == Driven(1.0, ((478, 2), (621, 17, 2)), {"has_number": 1.0})
     failed = _driven({**answer, "reward": None, "error": "ProviderError:\n 500"})
     assert (failed.reward, failed.error) == (None, "ProviderError: 500")
+    # The calls that failed on their way (the relay's 502), for the run's failures.
+    flaky = _driven({**answer, "failed_calls": [[502, "the endpoint failed:\n reset"]]})
+    assert flaky.reward == 1.0 and flaky.failed_calls == ((502, "the endpoint failed: reset"),)
     broken = _driven({**answer, "completions": [["x"]]})
     assert broken.reward is None and broken.error is not None
     assert broken.error.startswith("the worker's answer does not read")

@@ -4,6 +4,11 @@ segment has one), train one step, publish the version, append the step's line.
 
 A sample whose payload files are broken is left out of the step and logged with its
 rollout and server (`read_batch(on_corrupt="drop")`); the rest of the batch trains.
+After every step it rewrites the trainer's report, `<run_dir>/trainer/report.json`, as
+the simulated trainer does (`orchestrator.handoff.trainer_report`: the same counts, drops
+and violations, the format's one home), so the run's summary checks "no payload
+violations" against it; a batch it cannot read is a violation written there before the
+trainer stops.
 Blocking: this is a plain torch program, and waits by polling the batches directory
 every `[trainer] poll_interval_s`, which works on every filesystem.
 """
@@ -21,6 +26,13 @@ from orchestrator import BatchError, read_batch
 from orchestrator.config import Config
 from orchestrator.errors import UserError
 from orchestrator.handoff import handoff_format, latest_published_version, weights_step_dir
+from orchestrator.handoff.trainer_report import (
+    REPORT_PATH,
+    Violation,
+    dropped_entries,
+    initial_stats,
+    write_report,
+)
 from orchestrator_trainer.checkpoints import drop_previous_state, write_version
 from orchestrator_trainer.policy import load_policy
 from orchestrator_trainer.step_log import append_record, mismatch_warning
@@ -60,6 +72,9 @@ def train(config: Config, *, stop: Callable[[], bool] = lambda: False) -> int:
     policy = load_policy(source, latest, config.train, seed=config.seed)
     handoff = handoff_format(config.trainer.format)
     settings = config.handoff_settings
+    report = config.run_dir / REPORT_PATH
+    stats = initial_stats(report, latest)
+    write_report(report, stats)
     log.info(
         "trainer started",
         version=latest,
@@ -81,17 +96,22 @@ def train(config: Config, *, stop: Callable[[], bool] = lambda: False) -> int:
         try:
             batch = read_batch(step_dir, verify=True, on_corrupt="drop")
         except BatchError as exc:
+            stats.violations.append(Violation(step, "bad_batch", str(step_dir), str(exc)))
+            write_report(report, stats)
             raise TrainerError(f"step {step}: {exc}") from None
-        for dropped in batch.dropped:
-            log.warning(
-                "sample dropped: broken payload",
-                step=step,
-                rollout=dropped.rollout_id,
-                server=dropped.server,
-                reason=dropped.reason,
-                file=dropped.file,
-            )
+        # Each logged with its rollout and server; a missing payload file is a violation.
+        dropped, violations = dropped_entries(step, batch.dropped)
         record = train_step(policy, batch, config.train)
+        stats.add_step(
+            step,
+            samples=len(batch.samples),
+            payload_bytes=batch.payload_nbytes,
+            violations=violations,
+            dropped=dropped,
+        )
+        # Before the version is published: the daemon checks the report once it has
+        # applied the last version, and may end at once.
+        write_report(report, stats)
         write_version(policy, weights_dir, step, layout=layout, model_dir=model_dir)
         drop_previous_state(weights_dir, step, layout=layout)
         policy.version = step

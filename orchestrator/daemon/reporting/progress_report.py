@@ -10,7 +10,8 @@ that fills slowly until the stall warning (orchestrator/daemon/reporting/stall.p
   `rollouts_per_s` (rollouts completed, `Dispatch.rollouts["completed"]`), `discards` by
   reason and `failures` by kind, the reasons and kinds that grew only; by environment,
   the rollouts `scored` and their `mean_reward`, the envs that scored any only; the
-  `discarded_bytes` of payload files deleted with discards.
+  `discarded_bytes` of payload files deleted with discards; and `cpu_s_per_rollout`, the
+  daemon process's CPU seconds per completed rollout (None when none completed).
 
 It reads the same `RunSnapshot` as the stall warning, so both name the same step,
 samples, discard reasons and failure kinds under the same keys; only their windows
@@ -42,6 +43,7 @@ def progress_line(before: RunSnapshot, now: RunSnapshot, elapsed_s: float) -> Pr
     time (`elapsed_s <= 0`) is 0."""
     completed = max(0, now.completed - before.completed)
     rate = completed / elapsed_s if elapsed_s > 0 else 0.0
+    cpu = round(max(0.0, now.cpu_s - before.cpu_s) / completed, 6) if completed else None
     scored = grown(now.scored, before.scored)
     mean_reward = {
         env: round((now.reward_sums[env] - before.reward_sums.get(env, 0.0)) / n, 4)
@@ -60,6 +62,7 @@ def progress_line(before: RunSnapshot, now: RunSnapshot, elapsed_s: float) -> Pr
         scored=scored,
         mean_reward=mean_reward,
         discarded_bytes=max(0, now.discarded_bytes - before.discarded_bytes),
+        cpu_s_per_rollout=cpu,
     )
 
 

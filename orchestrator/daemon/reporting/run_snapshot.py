@@ -6,6 +6,7 @@ Both read the same `RunSnapshot`, so they name the same step, samples, discard r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import attrs
@@ -44,6 +45,8 @@ class RunSnapshot:
     no_signal_at: Mapping[str, int] = attrs.field(factory=dict)
     reward_texts: Mapping[tuple[str, str], int] = attrs.field(factory=dict)
     discarded_bytes: int = 0
+    # The daemon process's CPU seconds so far (`time.process_time`: all its threads).
+    cpu_s: float = 0.0
 
 
 def snapshot(state: RunState, sink: TrainSink, *, needed: int, inflight_limit: int) -> RunSnapshot:
@@ -70,6 +73,7 @@ def snapshot(state: RunState, sink: TrainSink, *, needed: int, inflight_limit: i
         no_signal_at=totals.no_signal_at,
         reward_texts=state.dispatch.reward_errors.texts(),
         discarded_bytes=totals.bytes_deleted.get("discard", 0),
+        cpu_s=time.process_time(),
     )
 
 

@@ -517,6 +517,10 @@ def _driven(answer: Mapping[str, Any]) -> Driven:
             reward = float(reward)
         completions = tuple(tuple(int(token) for token in call) for call in answer["completions"])
         metrics = {str(name): float(value) for name, value in dict(answer["metrics"]).items()}
+        failed_calls = tuple(
+            (int(status), one_line(str(message)))
+            for status, message in answer.get("failed_calls") or ()
+        )
     except (KeyError, TypeError, ValueError) as exc:
         return Driven(None, error=one_line(f"the worker's answer does not read: {exc!r}"))
     error = answer.get("error")
@@ -525,6 +529,7 @@ def _driven(answer: Mapping[str, Any]) -> Driven:
         completions=completions,
         metrics=metrics,
         error=None if error is None else one_line(str(error)),
+        failed_calls=failed_calls,
     )
 
 

@@ -55,6 +55,9 @@ CACHED_TASKS = 65536
 MAX_LINE_BYTES = 16 << 20
 #: The largest request body the relay accepts from the environment (token ids).
 MAX_RELAY_BODY = 256 << 20
+# The failed calls one rollout reports (an environment retrying a dead endpoint forever
+# would otherwise grow its answer without end).
+MAX_FAILED_CALLS = 20
 #: How long episodes cancelled at exit get to end before the environment stops serving.
 STOP_GRACE_S = 5.0
 
@@ -134,6 +137,10 @@ class Relay:
         # Sessions whose rollout the daemon said is over (410, or 404 for a key it
         # closed): their failed calls are expected, not worth a warning each.
         self.over: set[str] = set()
+        # By session: the calls that failed on the way (this relay's 502) or were
+        # answered 5xx, as [status, message]; the `run` answer hands them to the daemon,
+        # which counts them among the run's failures (`model_call`).
+        self.failed: dict[str, list[list[Any]]] = {}
         self.url = ""
         self._runner: Any = None
         self._client: Any = None
@@ -169,6 +176,12 @@ class Relay:
         for session in sessions:
             self.routes.pop(session, None)
             self.over.discard(session)
+            self.failed.pop(session, None)
+
+    def failed_calls(self, sessions: list[str]) -> list[list[Any]]:
+        """The failed calls of `sessions` (see `failed`), at most `MAX_FAILED_CALLS`."""
+        calls = [call for session in sessions for call in self.failed.get(session, ())]
+        return calls[:MAX_FAILED_CALLS]
 
     async def _generate(self, request: Any) -> Any:
         session = request.headers.get(SESSION_HEADER, "")
@@ -180,6 +193,10 @@ class Relay:
         answer = await self._forward("POST", f"{base}/inference/v1/generate", body, headers)
         if answer.status in (404, 410):
             self.over.add(session)
+        elif answer.status >= 500:
+            failed = self.failed.setdefault(session, [])
+            if len(failed) < MAX_FAILED_CALLS:
+                failed.append([answer.status, _error_message(answer.body)])
         return answer
 
     async def _models(self, request: Any) -> Any:
@@ -204,6 +221,15 @@ class Relay:
                 )
         except (aiohttp.ClientError, OSError) as exc:
             return _error_response(502, f"the orchestrator's endpoint {url} failed: {exc!r}")
+
+
+def _error_message(body: Any) -> str:
+    """The message of vLLM's (and this relay's) error body, else the body's start."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body)
+    try:
+        return str(json.loads(text)["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return text[:300]
 
 
 def _error_response(status: int, message: str) -> Any:
@@ -512,9 +538,10 @@ class Worker:
         (slot,) = self.env.slots(task, 1)
         try:
             episode = await self.env.run_slot(slot, context, on_trace=minted)
+            failed_calls = self.relay.failed_calls(sessions)
         finally:
             self.relay.forget(sessions)
-        return episode_outcome(episode)
+        return {**episode_outcome(episode), "failed_calls": failed_calls}
 
 
 class LoadFailed(Exception):
