@@ -276,6 +276,9 @@ class Tasks:
 
     environment: Environment | None
     evals: tuple[EvalTask, ...] = ()
+    #: The `[model]` tokenizer's vocabulary size and end-of-turn id, which the local
+    #: fleet's servers follow unless `[sim]` sets them (None: no tokenizer loaded).
+    model_tokens: tuple[int, int] | None = None
 
 
 @asynccontextmanager
@@ -317,9 +320,16 @@ async def open_tasks(config: Config) -> AsyncIterator[Tasks]:
                     )
                     for index, env in enumerate(loaded.evals)
                 )
-                yield Tasks(environment, evals)
+                yield Tasks(environment, evals, model_tokens(tokenizer))
     finally:
         loaded.close()
+
+
+def model_tokens(tokenizer: ChatTokenizer) -> tuple[int, int]:
+    """The tokenizer's vocabulary size and the id a completion ends with (its eos, the
+    first of its stop ids)."""
+    ids = tokenizer.stop_token_ids
+    return tokenizer.vocab_size, ids[0] if ids else 0
 
 
 async def _load_tokenizer_logged(config: Config) -> ChatTokenizer:
