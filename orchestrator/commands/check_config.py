@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from orchestrator.config import Config, add_config_arguments, config_from_args, config_to_toml
@@ -28,14 +29,17 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     token = load_bearer_token(config.inference)
-    check_tasks(config)
-    sys.stdout.write(derived_values_comment(config, token) + "\n" + config_to_toml(config))
+    tried = check_tasks(config)
+    sys.stdout.write(derived_values_comment(config, token, tried) + "\n" + config_to_toml(config))
     return 0
 
 
-def derived_values_comment(config: Config, token: BearerToken | None = None) -> str:
+def derived_values_comment(
+    config: Config, token: BearerToken | None = None, tried: Sequence[str] = ()
+) -> str:
     """TOML comment lines with what the daemon derives from the config, and why; with
-    the bearer token read from where the config says (never the token itself)."""
+    the bearer token read from where the config says (never the token itself), and what
+    the trial of the tasks scored (`tried`, `check_tasks`)."""
     mode = "by handle" if config.by_handle else "inline"
     inference = config.inference
     ships = config.handoff.describe(config.handoff_settings)
@@ -52,6 +56,7 @@ def derived_values_comment(config: Config, token: BearerToken | None = None) -> 
         f"({_how(inference.max_buffered_reply_bytes)})",
         f"#   bearer token: {'none' if token is None else f'read from {token.source}'}",
     ]
+    lines += [f"#   tried:        {line}" for line in tried]
     return "\n".join(lines) + "\n"
 
 
