@@ -77,6 +77,7 @@ async def test_a_run_with_qwen3s_tokenizer_trains_against_the_embedded_fleet(
         tmp_path / "run",
         f'model.tokenizer="{folder}"',
         "max_steps=1",
+        "eval.env=[]",
         "sim.inference_servers=1",
     )
     with trio.fail_after(120):
