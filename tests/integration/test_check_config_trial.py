@@ -94,3 +94,40 @@ def test_rows_without_their_answer_are_skipped_by_row_and_column(
     err = refused(capsys, "check-config", *args(tmp_path, f'env.1.dataset="{data}"'))
     assert "env[1]: env chat: no row of" in err, err
     assert "column 'answer' has no value" in err and "(row " in err
+
+
+GAME = """
+class Game:
+    def __init__(self, crash=False):
+        self.crash = crash
+
+    def prompt(self, index):
+        messages = [{"role": "user", "content": f"Game {index}: your guess?"}]
+        return messages, {"answer": str(index % 10)}
+
+    def step(self, messages, info):
+        if self.crash:
+            raise RuntimeError("the game crashed")
+        return None
+
+    def score(self, messages, info):
+        return float(info["answer"] in messages[-1]["content"])
+
+
+def make_game(crash=False):
+    return Game(crash)
+"""
+
+
+def test_a_plugin_plays_one_turn_and_is_scored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "games_55.py").write_text(GAME)
+    env = 'env=[{name = "game", factory = "games_55:make_game", max_turns = 2}]'
+    code, out, err = run_cli(capsys, "check-config", *args(tmp_path, env))
+    assert code == 0, err
+    assert "#   tried:        env[0] game: episode 0 scored, completion its answer: " in out
+    assert "score() = 1" in out
+    crashing = 'env=[{name = "game", factory = "games_55:make_game", args = {crash = true}}]'
+    err = refused(capsys, "check-config", *args(tmp_path, crashing))
+    assert "env[0] game: episode 0 failed: RuntimeError: the game crashed" in err, err
