@@ -12,9 +12,13 @@ RUN := $(UV) run --frozen --python python3
 # PYTHONDONTWRITEBYTECODE, as this machine and many containers do, Python never writes it,
 # and every process (the daemon, each reward worker, each test's subprocess) would compile
 # every module it imports again: `check-config` took 6.0 s without, 2.4 s with.
+# `--inexact`: a sync only adds and updates, never removes what the user installed into
+# .venv for a reward or an environment (`uv pip install reasoning-gym`): uv's default, an
+# exact sync, uninstalled it on every make target.
+SYNC := $(UV) sync --frozen --inexact --python python3 --quiet --compile-bytecode
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
-	@$(UV) sync --frozen --python python3 --quiet --compile-bytecode
+	@$(SYNC)
 	@$(RUN) python -m compileall -q -j 0 orchestrator payload-gc/payload_gc payload-gc/tests vllm-writer/orchestrator_vllm tests bench demo >/dev/null
 
 # The demo always starts a fresh run: its run directory is thrown away first. It ends
@@ -104,5 +108,5 @@ demo-learn: setup
 	RUN="$(RUN)" tests/vllm/run.sh learn
 
 bench: setup
-	$(UV) sync --frozen --python python3 --quiet --compile-bytecode --group bench --extra ray
+	$(SYNC) --group bench --extra ray
 	$(RUN) --group bench --extra ray python bench/run_all.py

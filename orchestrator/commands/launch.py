@@ -32,7 +32,7 @@ def toy_environment_of(config: Config) -> Environment:
         sim.env,
         prompt_len_min=sim.prompt_len_min,
         prompt_len_max=sim.prompt_len_max,
-        vocab_size=sim.vocab_size,
+        vocab_size=sim.tokens()[0],
         max_turns=sim.max_turns,
         max_tokens=sim.max_tokens,
         seed=config.seed,
@@ -48,7 +48,7 @@ async def open_environment(config: Config) -> AsyncIterator[Tasks]:
         return
     async with open_tasks(config) as tasks:
         environment = tasks.environment or toy_environment_of(config)
-        yield Tasks(environment, tasks.evals)
+        yield Tasks(environment, tasks.evals, tasks.model_tokens)
 
 
 async def launch_run(
@@ -67,7 +67,7 @@ async def launch_run(
     token = await trio.to_thread.run_sync(load_bearer_token, config.inference)
     try:
         async with open_environment(config) as tasks, trio.open_nursery() as nursery:
-            fleet: list[str] = await nursery.start(serve_local_fleet, config)
+            fleet: list[str] = await nursery.start(serve_local_fleet, config, tasks.model_tokens)
             assert tasks.environment is not None
             outcome = await run_daemon(
                 config,

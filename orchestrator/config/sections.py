@@ -498,6 +498,12 @@ class EvalConfig:
         return bool(self.env)
 
 
+#: The local servers' vocabulary and eos id when neither `[sim]` nor a `[model]` tokenizer
+#: gives them (a run of the toy environment).
+SIM_VOCAB_SIZE = 32000
+SIM_EOS_TOKEN_ID = 2
+
+
 @attrs.frozen
 class SimConfig:
     """The local simulation: inference servers, trainer, model shape and injected faults."""
@@ -524,10 +530,16 @@ class SimConfig:
     layers: int = attrs.field(default=48, validator=at_least(1))
     top_k: int = attrs.field(default=8, validator=at_least(1))
     num_experts: int = attrs.field(default=128, validator=at_least(1))
-    vocab_size: int = attrs.field(default=32000, validator=at_least(1))
-    # The token a natural stop ends with (the model's EOS): with real tasks, the
-    # tokenizer's end-of-turn token, so that completions stop the way the model's do.
-    eos_token_id: int = attrs.field(default=2, validator=at_least(0))
+    # The servers' vocabulary and the token a natural stop ends with (the model's EOS).
+    # Unset: with real tasks, the `[model]` tokenizer's size and end-of-turn token (so that
+    # the servers take every prompt token and completions stop the way the model's do),
+    # else SIM_VOCAB_SIZE and SIM_EOS_TOKEN_ID (`tokens`).
+    vocab_size: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(at_least(1))
+    )
+    eos_token_id: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(at_least(0))
+    )
     # How the local servers answer: "prime-rl" (packed inline, or segments by handle) or
     # "upstream" (vLLM as released: .npy routing, mask lists, payload_dir ignored).
     reply_form: ReplyFormName = attrs.field(
@@ -556,13 +568,23 @@ class SimConfig:
     def __attrs_post_init__(self) -> None:
         # Here rather than a validator on top_k, so that num_experts' own check runs first.
         not_above_sibling("num_experts")(self, attrs.fields(SimConfig).top_k, self.top_k)
-        if self.eos_token_id >= self.vocab_size:
+        vocab_size = SIM_VOCAB_SIZE if self.vocab_size is None else self.vocab_size
+        if self.eos_token_id is not None and self.eos_token_id >= vocab_size:
             raise InvalidValue(
-                f"must be below {{0}} ({self.vocab_size}): a token id of the vocabulary",
+                f"must be below {{0}} ({vocab_size}): a token id of the vocabulary",
                 value=self.eos_token_id,
                 key="eos_token_id",
                 siblings=["vocab_size"],
             )
+
+    def tokens(self, model: tuple[int, int] | None = None) -> tuple[int, int]:
+        """The servers' (vocabulary size, eos token id): each as `[sim]` sets it, else the
+        `[model]` tokenizer's (`model`: its size and end-of-turn id, with real tasks), else
+        the simulator's defaults."""
+        follows = model or (SIM_VOCAB_SIZE, SIM_EOS_TOKEN_ID)
+        vocab_size = follows[0] if self.vocab_size is None else self.vocab_size
+        eos = follows[1] if self.eos_token_id is None else self.eos_token_id
+        return vocab_size, eos
 
 
 @attrs.frozen

@@ -53,12 +53,16 @@ def _without_nones(value: object) -> object:
     return value
 
 
-def _default_directories(config: Config) -> dict[str, Path]:
-    """What each optional directory key resolves to when it is not set."""
+def _default_directories(config: Config) -> dict[str, Path | str]:
+    """What each optional key resolves to when it is not set."""
+    follows = "the [model] tokenizer's" if config.model.tokenizer is not None else None
+    vocab_size, eos = config.sim.tokens()
     return {
         "payload.root": config.payload_root,
         "trainer.batches_dir": config.batches_dir,
         "trainer.weights_dir": config.weights_dir,
+        "sim.vocab_size": f"{follows} vocabulary size" if follows else str(vocab_size),
+        "sim.eos_token_id": f"{follows} eos id" if follows else str(eos),
     }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from orchestrator.asgi_server import (
     BodyTooLarge,
@@ -18,7 +19,13 @@ from orchestrator.asgi_server import (
     send_json,
     serve_lifespan,
 )
-from orchestrator.wire import GENERATE_PATH, HEALTH_PATH, UPDATE_WEIGHTS_PATH, VERSION_PATH
+from orchestrator.wire import (
+    GENERATE_PATH,
+    HEALTH_PATH,
+    MODELS_PATH,
+    UPDATE_WEIGHTS_PATH,
+    VERSION_PATH,
+)
 from orchestrator.wire.errors import error_body
 
 # 8,000 prompt tokens are ~50 kB of JSON; anything near this is a client bug.
@@ -57,14 +64,16 @@ async def route_request(
     control: Mapping[str, Handler] | None = None,
     api_key: str = "",
     version: str | None = None,
+    models: Mapping[str, Any] | None = None,
 ) -> None:
     """Serve one ASGI call: the lifespan protocol, and for an HTTP request the handler of
     its path and method (`control`: more `POST` paths, vLLM's dev-mode endpoints); 405
     for a known path with another method, 404 for any other path. With `api_key`, a
     request to a path vLLM's `--api-key` guards without `Authorization: Bearer <api_key>`
     is answered 401 `{"error": "Unauthorized"}`, as vLLM answers it. With `version`,
-    `GET /version` answers `{"version": version}` as vLLM does (else 404). Other scope
-    types (websockets) are ignored."""
+    `GET /version` answers `{"version": version}` as vLLM does (else 404); with `models`,
+    `GET /v1/models` answers it (vLLM's model list). Other scope types (websockets) are
+    ignored."""
     if scope["type"] == "lifespan":
         await serve_lifespan(receive, send)
         return
@@ -85,6 +94,8 @@ async def route_request(
         await health(send)
     elif version is not None and route == ("GET", VERSION_PATH):
         await send_json(send, 200, {"version": version})
+    elif models is not None and route == ("GET", MODELS_PATH):
+        await send_json(send, 200, dict(models))
     elif scope["path"] in (
         GENERATE_PATH,
         UPDATE_WEIGHTS_PATH,

@@ -3,7 +3,9 @@
 `orchestrator run` starts `serve_local_fleet` beside the daemon: `[sim] inference_servers`
 servers and, with `[sim] trainer = true`, the local trainer; the daemon is given the
 servers' URLs. Tests that run them as separate processes use the `sim-inference` and
-`sim-trainer` commands, which build the same settings.
+`sim-trainer` commands, which build the same settings. The servers' vocabulary and eos
+id follow the `[model]` tokenizer the run's real tasks loaded (`model_tokens`: its size
+and end-of-turn id) unless `[sim]` sets them (`SimConfig.tokens`).
 """
 
 from __future__ import annotations
@@ -18,14 +20,21 @@ from orchestrator.sim.trainer import SimTrainerConfig, serve_trainer
 
 
 async def serve_local_fleet(
-    config: Config, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+    config: Config,
+    model_tokens: tuple[int, int] | None = None,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the servers and the trainer `config`'s `[sim]` section asks for until
     cancelled; reports the servers' URLs (none when it asks for no server) once all of
     them listen."""
     async with trio.open_nursery() as nursery:
         urls = [
-            str(await nursery.start(serve_inference, sim_inference_config(config, index)))
+            str(
+                await nursery.start(
+                    serve_inference, sim_inference_config(config, index, model_tokens=model_tokens)
+                )
+            )
             for index in range(config.sim.inference_servers)
         ]
         if config.sim.trainer:
@@ -34,18 +43,22 @@ async def serve_local_fleet(
         await trio.sleep_forever()
 
 
-def sim_model(config: Config) -> SimModel:
-    """Every server of the fleet runs the same model (one policy, one routing function)."""
+def sim_model(config: Config, model_tokens: tuple[int, int] | None = None) -> SimModel:
+    """Every server of the fleet runs the same model (one policy, one routing function),
+    its vocabulary and eos id `SimConfig.tokens(model_tokens)`."""
+    vocab_size, eos_token_id = config.sim.tokens(model_tokens)
     return SimModel(
         layers=config.sim.layers,
         num_experts=config.sim.num_experts,
         top_k=config.sim.top_k,
-        vocab_size=config.sim.vocab_size,
-        eos_token_id=config.sim.eos_token_id,
+        vocab_size=vocab_size,
+        eos_token_id=eos_token_id,
     )
 
 
-def sim_inference_config(config: Config, index: int, *, port: int = 0) -> SimInferenceConfig:
+def sim_inference_config(
+    config: Config, index: int, *, port: int = 0, model_tokens: tuple[int, int] | None = None
+) -> SimInferenceConfig:
     """Server `index` of the fleet; each draws its faults from its own seed. It serves
     the model under `[inference] model` when set (the name the daemon sends), so the
     name check is exercised, else under the simulator's default name. With `[inference]
@@ -53,7 +66,7 @@ def sim_inference_config(config: Config, index: int, *, port: int = 0) -> SimInf
     and a decode server, both with these settings (orchestrator.sim.pd_router)."""
     sim = config.sim
     return SimInferenceConfig(
-        model=sim_model(config),
+        model=sim_model(config, model_tokens),
         served_model_name=config.inference.model or DEFAULT_SERVED_MODEL_NAME,
         port=port,
         reply_form=sim.reply_form,

@@ -238,7 +238,20 @@ class _InferenceApp:
             else None,
             api_key=self.state.config.api_key,
             version=self.state.config.vllm_version,
+            models=self._models(),
         )
+
+    def _models(self) -> dict[str, Any]:
+        # vLLM's `GET /v1/models` for one served model (its OpenAI-compatible list).
+        config = self.state.config
+        model = {
+            "id": config.served_model_name,
+            "object": "model",
+            "owned_by": "vllm",
+            "root": config.served_model_name,
+            "max_model_len": config.max_model_len,
+        }
+        return {"object": "list", "data": [model]}
 
     def _vllm_dev_endpoints(self) -> dict[str, Handler]:
         """Upstream vLLM's weight-update endpoints of its dev mode, as 0.30.0 answers

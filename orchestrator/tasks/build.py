@@ -40,6 +40,7 @@ from orchestrator.tasks.plugin_env import PluginEnvironment
 from orchestrator.tasks.ray_rewards import import_ray, open_ray_reward_pool
 from orchestrator.tasks.reward_functions import RewardSpec, import_callable, load_reward
 from orchestrator.tasks.reward_pool import RewardExecutor, open_reward_pool
+from orchestrator.tasks.trial import TrialEnv, prepare_in_worker, try_envs
 from orchestrator.tasks.verifiers_env.environment import (
     VerifiersEnvironment,
     WorkerSpec,
@@ -198,14 +199,48 @@ def _keyed(key: str, load: Callable[P, T], *args: P.args, **kwargs: P.kwargs) ->
         raise UserError(message if message.startswith(key) else f"{key}: {message}") from None
 
 
-def check_tasks(config: Config) -> None:
-    """`load_tasks` and close again, and every verifiers environment loaded by its worker
-    and stopped: the start-up check of `check-config`. Not from inside a trio run."""
-    if config.env or config.eval.env:
-        envs, _ = load_tasks(config)
+def check_tasks(config: Config) -> list[str]:
+    """`load_tasks`, then the trial of the user's code in a reward worker (`trial.py`:
+    every reward's `prepare`, one row of each dataset or plugin env scored by each of its
+    rewards), and every verifiers environment loaded by its worker and stopped: the
+    start-up check of `check-config`. Returns a line per env tried. Raises `UserError`,
+    one line. Not from inside a trio run."""
+    if not (config.env or config.eval.env):
+        return []
+    envs, tokenizer = load_tasks(config)
+    try:
+        lines = trio.run(_try_in_worker, config, envs, tokenizer)
+    finally:
         envs.close()
-        if any(env.verifiers is not None for env in (*config.env, *config.eval.env)):
-            trio.run(_check_verifiers, config)
+    if any(env.verifiers is not None for env in (*config.env, *config.eval.env)):
+        trio.run(_check_verifiers, config)
+    return lines
+
+
+async def _try_in_worker(config: Config, envs: LoadedEnvs, tokenizer: ChatTokenizer) -> list[str]:
+    keyed = [
+        *((f"env[{index}]", env) for index, env in enumerate(envs.envs)),
+        *((f"eval.env[{index}]", env) for index, env in enumerate(envs.evals)),
+    ]
+    # No `preload`: the worker imports the rewards and runs their `prepare` as its first
+    # job, which says what failed (a worker's start-up hook only counts on later calls).
+    async with open_reward_pool(1, config.rewards.timeout_s, log_failures=False) as pool:
+        await prepare_in_worker(
+            pool,
+            [
+                (f"{key}.rewards[{i}]", spec)
+                for key, env in keyed
+                for i, spec in enumerate(env.rewards)
+            ],
+        )
+        trials = []
+        for key, env in keyed:
+            if env.config.verifiers is not None:
+                continue
+            environment = _environment(config, env, tokenizer, pool)
+            assert isinstance(environment, DatasetEnvironment | PluginEnvironment)
+            trials.append(TrialEnv(key, env.config.name, environment))
+        return await try_envs(trials)
 
 
 async def _check_verifiers(config: Config) -> None:
@@ -276,6 +311,9 @@ class Tasks:
 
     environment: Environment | None
     evals: tuple[EvalTask, ...] = ()
+    #: The `[model]` tokenizer's vocabulary size and end-of-turn id, which the local
+    #: fleet's servers follow unless `[sim]` sets them (None: no tokenizer loaded).
+    model_tokens: tuple[int, int] | None = None
 
 
 @asynccontextmanager
@@ -317,9 +355,16 @@ async def open_tasks(config: Config) -> AsyncIterator[Tasks]:
                     )
                     for index, env in enumerate(loaded.evals)
                 )
-                yield Tasks(environment, evals)
+                yield Tasks(environment, evals, model_tokens(tokenizer))
     finally:
         loaded.close()
+
+
+def model_tokens(tokenizer: ChatTokenizer) -> tuple[int, int]:
+    """The tokenizer's vocabulary size and the id a completion ends with (its eos, the
+    first of its stop ids)."""
+    ids = tokenizer.stop_token_ids
+    return tokenizer.vocab_size, ids[0] if ids else 0
 
 
 async def _load_tokenizer_logged(config: Config) -> ChatTokenizer:

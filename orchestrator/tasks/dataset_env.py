@@ -6,7 +6,9 @@ Rows are drawn in the env's `DataOrder` (shuffled with the run's seed, epoch by 
 position `p` is always the same row. A row's prompt is its `messages` column, or a user
 message from its `prompt` column after the optional system prompt. A prompt longer than
 the budget (`batch.max_seq_len` minus the env's `max_tokens`) is skipped
-(`PromptSkipped`) rather than sent to fail at the server. Reading a row, rendering it and
+(`PromptSkipped`) rather than sent to fail at the server; so is a row without a value in
+a column the config names (its prompt, messages or answer): the skip names the env,
+the column and the row. Reading a row, rendering it and
 decoding a completion run in worker threads (the tokenizer releases the interpreter
 lock), but for short completions, decoded on the loop (`decode_completions`); rewards run
 in the reward pool's processes.
@@ -51,6 +53,13 @@ class PromptColumns:
     messages: str | None = None  # a chat message list
     system_prompt: str | None = None
     answer: str | None = None
+
+    def check_answer(self, row: dict[str, Any]) -> None:
+        """Raises ValueError when the answer column is configured and `row` has no value
+        there (a JSON line without the key, a null): the row is skipped, never scored
+        with an answer of None."""
+        if self.answer is not None and row.get(self.answer) is None:
+            raise ValueError(f"column {self.answer!r} has no value")
 
     def messages_of(self, row: dict[str, Any]) -> list[Message]:
         """The prompt's chat messages for `row`. Raises ValueError when the row's value
@@ -173,6 +182,7 @@ class DatasetEnvironment:
         row = self.dataset.row(row_index)
         try:
             messages = self.columns.messages_of(row)
+            self.columns.check_answer(row)
         except ValueError as exc:
             raise _RowUnusable(f"row {row_index}: {exc}") from None
         tokens = self.tokenizer.render_prompt(messages)

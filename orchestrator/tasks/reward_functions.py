@@ -218,6 +218,28 @@ def import_reward_functions(paths: Iterable[str]) -> None:
                 pass
 
 
+def prepare_rewards(paths: Iterable[str]) -> list[tuple[str, str]]:
+    """Import the reward functions at `paths` and call each one's `prepare`, as a worker
+    starts (`import_reward_functions`), but saying what failed: a (path, one line) for
+    each function that does not import here or whose `prepare` raised. `check-config`
+    runs it in a reward worker."""
+    failures: list[tuple[str, str]] = []
+    for path in paths:
+        try:
+            prepare = getattr(_import_function(path), "prepare", None)
+        except RewardConfigError as exc:
+            failures.append((path, str(exc)))
+            continue
+        if callable(prepare):
+            try:
+                prepare()
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
+                failures.append((path, f"its prepare() raised {_one_line(exc)}"))
+    return failures
+
+
 #: How much nicer than the daemon its reward workers run (see `start_reward_worker`).
 REWARD_WORKER_NICENESS = 5
 

@@ -23,9 +23,9 @@ import functools
 import math
 import re
 import signal
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import attrs
 import structlog
@@ -41,6 +41,8 @@ from orchestrator.tasks.reward_functions import (
 )
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 FailureKind = Literal["raised", "timeout", "worker_died", "bad_value"]
 
@@ -111,6 +113,8 @@ class RewardFailures:
 
     counts: collections.Counter[tuple[str, FailureKind]] = attrs.field(factory=collections.Counter)
     _logged: set[tuple[str, FailureKind]] = attrs.field(factory=set)
+    #: False: nothing is logged (check-config's trial says the failure in its one line).
+    log_failures: bool = True
 
     def failed(self, env: str, kind: FailureKind, detail: str, traceback: str = "") -> RewardFailed:
         """Count one failure and return the exception that reports it."""
@@ -132,7 +136,7 @@ class RewardFailures:
         )
 
     def _log_first(self, env: str, kind: FailureKind, detail: str, **fields: str) -> None:
-        if (env, kind) in self._logged:
+        if not self.log_failures or (env, kind) in self._logged:
             return
         self._logged.add((env, kind))
         log.warning(
@@ -245,6 +249,19 @@ class RewardPool:
                     nursery.start_soon(self._start_first_worker)
         finally:
             self._started.set()
+
+    async def run_in_worker(self, function: Callable[..., T], *args: Any, deadline_s: float) -> T:
+        """`function(*args)` as one job of one of the pool's workers, under `deadline_s`
+        (the worker killed past it: `trio.TooSlowError`): check-config's trial runs the
+        rewards' `prepare` so, in the worker that scores its rows next. Raises
+        `trio_parallel.BrokenWorkerError` when the worker dies."""
+        async with self._limiter:
+            await self._ensure_idle_worker()
+            with trio.fail_after(deadline_s):
+                result: T = await self._context.run_sync(
+                    function, *args, kill_on_cancel=True, limiter=self._worker_limiter
+                )
+        return result
 
     async def score(
         self, env: str, specs: Sequence[RewardSpec], arguments: Mapping[str, Any]
@@ -401,6 +418,7 @@ async def open_reward_pool(
     *,
     preload: Iterable[RewardSpec] = (),
     start: bool = False,
+    log_failures: bool = True,
 ) -> AsyncIterator[RewardPool]:
     """A pool of `workers` processes that score rollouts, each call under `timeout_s`.
 
@@ -410,7 +428,8 @@ async def open_reward_pool(
     reward functions of `preload` when it starts, so that neither counts against a call's
     deadline. On exit, the jobs still running are killed (cancel their calls first: a
     call cancelled kills its job's worker once no call of the job waits for it). Raises
-    ValueError for fewer than one worker or a deadline that is not positive.
+    ValueError for fewer than one worker or a deadline that is not positive. With
+    `log_failures` false, failed calls are counted and raised but not logged.
     """
     if workers < 1:
         raise ValueError(f"a reward pool needs at least one worker, not {workers}")
@@ -426,6 +445,7 @@ async def open_reward_pool(
                     nursery,
                     trio.CapacityLimiter(workers),
                     trio.CapacityLimiter(workers),
+                    RewardFailures(log_failures=log_failures),
                 )
                 if start:
                     nursery.start_soon(pool.start_workers)

@@ -32,10 +32,13 @@ from orchestrator.wire.weight_updates import (
 GENERATE_PATH = "/inference/v1/generate"
 #: Liveness, and which policy the server holds.
 HEALTH_PATH = "/health"
+#: The models a server serves (OpenAI's list, as vLLM answers it: `data[].id`).
+MODELS_PATH = "/v1/models"
 
 __all__ = [
     "GENERATE_PATH",
     "HEALTH_PATH",
+    "MODELS_PATH",
     "MOE_RELOAD_BROKEN",
     "REQUEST_KEYS",
     "SAMPLING_KEYS",

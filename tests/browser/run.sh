@@ -20,5 +20,5 @@ if [ -z "$chromium" ]; then
     echo "test-browser: skipped: no Chromium here and none could be installed (needs root and apt-get)"
     exit 0
 fi
-$UV sync --frozen --python python3 --quiet --compile-bytecode --group browser
+$UV sync --frozen --inexact --python python3 --quiet --compile-bytecode --group browser
 ORCH_BROWSER="$chromium" $UV run --frozen --python python3 --group browser pytest -q tests/browser "$@"

@@ -153,7 +153,7 @@ def test_every_key_is_written(tmp_path: Path) -> None:
         payload=PayloadConfig(root=tmp_path / "p"),
         trainer=TrainerConfig(batches_dir=tmp_path / "b", weights_dir=tmp_path / "w"),
         model=ModelConfig(path=tmp_path / "mp", tokenizer=tmp_path / "m"),
-        sim=SimConfig(trainer_checkpoint=tmp_path / "c"),
+        sim=SimConfig(trainer_checkpoint=tmp_path / "c", vocab_size=1000, eos_token_id=3),
     )
     document = tomllib.loads(config_to_toml(config))
     for field in attrs.fields(Config):
