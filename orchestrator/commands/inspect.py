@@ -87,9 +87,11 @@ def describe_holder(holder: str, now: float) -> str:
 
 
 def _age(seconds: float) -> str:
-    if seconds < 0:
+    if seconds <= -1:
         # Clocks of two hosts disagree (the daemon may run on another one).
         return f"{-seconds:.0f} s in the future"
+    # A lock's `since` is rounded to the second: up to half a second ahead of the clock.
+    seconds = max(seconds, 0.0)
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size:
             return f"{seconds / size:.1f} {unit} ago"
