@@ -12,7 +12,10 @@ the demo's tokenizer, made here, never downloaded. Runs in the stage's venv (tor
 compare the server with: for each `{"prompt": [ids], "max_tokens": n}` the greedy
 completion, and for `{"routing": [ids]}` the router's top-k experts of every position and
 layer, with the margin between the k-th and the (k+1)-th router logit (a near-tie there
-lets a server's kernels pick either expert). `references` answers such jobs one JSON line
+lets a server's kernels pick either expert); for `{"mismatch": [samples]}` the trainer's
+own routing and logprobs of each sample with and without the server's routes replayed
+(`_mismatch`). Any MoE family transformers records `router_logits` for (Qwen3-MoE,
+Mixtral). `references` answers such jobs one JSON line
 each, for as long as its stdin is open, so that the tests pay torch's import once; a job
 that fails is answered `{"error": traceback}`.
 """
@@ -149,7 +152,34 @@ def reference(model_dir: Path, job: dict) -> dict:
             # [positions][layers][k] and [positions][layers], as the server's rows.
             answer["experts"] = [list(row) for row in zip(*experts, strict=True)]
             answer["margins"] = [list(row) for row in zip(*margins, strict=True)]
+        if "mismatch" in job:
+            answer["mismatch"] = [_mismatch(model, sample) for sample in job["mismatch"]]
     return answer
+
+
+def _mismatch(model: transformers.PreTrainedModel, sample: dict) -> dict:
+    """For a sample the server generated (`tokens`, its completion from `start`, the
+    server's `routes` of every position), what the trainer computes (the reference
+    trainer's router replay, float32): its router's own top-k of every position and
+    layer, and its logprob of each completion token with and without the server's
+    routes replayed."""
+    from orchestrator_trainer.replay import RouterReplay
+
+    replay = RouterReplay(model)
+    tokens, start = sample["tokens"], sample["start"]
+    ids = torch.tensor([tokens[:-1]])
+    targets = torch.tensor(tokens[1:])
+    routes = torch.tensor(sample["routes"][: len(tokens) - 1])
+    run = model(ids, output_router_logits=True)
+    k = model.config.num_experts_per_tok
+    own = torch.stack([torch.topk(logits, k, dim=-1).indices for logits in run.router_logits], 1)
+    with replay.replaying(routes):
+        replayed = model(ids).logits[0]
+    logprobs = {}
+    for name, logits in (("logprobs", run.logits[0]), ("logprobs_replay", replayed)):
+        chosen = torch.log_softmax(logits.double(), -1).gather(1, targets[:, None])[:, 0]
+        logprobs[name] = chosen[start - 1 :].tolist()
+    return {"experts": own.tolist(), **logprobs}
 
 
 def references(lines: TextIO, out: TextIO) -> None:
