@@ -7,8 +7,8 @@ lower with replay).
 The model is SmolLM2-135M-Instruct upcycled to a Mixtral (4 experts top-2, 30 layers;
 `orchestrator_trainer.pretrained`, built once into the stage's cache). One
 `orchestrator-vllm serve` of it in bfloat16, routing captured from position 0; each
-round sends the same chat prompts (arithmetic questions) once, temperature 1, a seed per
-request, 48 new tokens. For each sample, transformers in float32 with the reference
+round sends the same chat prompts (arithmetic questions) at once, temperature 1, a seed
+per request, 32 new tokens. For each sample, transformers in float32 with the reference
 trainer's router replay (`tiny_moe.py` `mismatch` job) gives the router's own top-k of
 every (position, layer) and the completion's logprobs with and without the server's
 routes replayed. Reported per round: the share of (position, layer) rows whose expert
@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -41,9 +42,9 @@ from _report import git_revision, machine, write_section  # noqa: E402
 
 from orchestrator.wire import build_generate_request, parse_generate_response  # noqa: E402
 
-ROUNDS = 3
+ROUNDS = 2
 PROMPTS = 8
-NEW_TOKENS = 48
+NEW_TOKENS = 32
 
 
 def ensure_venv() -> bool:
@@ -113,8 +114,8 @@ def main() -> int:
             ready_s = time.monotonic() - started
             print(f"bfloat16 server ready in {ready_s:.0f} s", flush=True)
             for round_ in range(ROUNDS):
-                samples = []
-                for index, prompt in enumerate(prompts):
+
+                def sample(index: int, prompt: list[int], round_: int = round_) -> tuple:
                     body = build_generate_request(
                         request_id=f"mismatch-{round_}-{index}",
                         token_ids=prompt,
@@ -135,7 +136,11 @@ def main() -> int:
                     )
                     routes, _ = turn.inline["routed_experts"]
                     tokens = prompt + turn.completion_ids.tolist()
-                    samples.append((tokens, len(prompt), routes, turn.logprobs))
+                    return tokens, len(prompt), routes, turn.logprobs
+
+                # All of a round's requests at once: the server batches them.
+                with ThreadPoolExecutor(len(prompts)) as pool:
+                    samples = list(pool.map(sample, range(len(prompts)), prompts))
                 job = {
                     "mismatch": [
                         {"tokens": t, "start": s, "routes": r[: len(t) - 1].tolist()}
