@@ -36,6 +36,9 @@ SCRIPTS = [
     "vllm_by_handle.py",
     # A policy that learns through the loop: curve, trainer step, mismatch, weight loads.
     "learning.py",
+    # The pretrained MoE (SmolLM2 upcycled): a bfloat16 server against the float32
+    # trainer, routing differences and the mismatch with and without replay (issue 54).
+    "real_moe_mismatch.py",
     # Version detection and collection on sshfs over loopback, with and without caches
     # (needs root and /dev/fuse; only the local disk is measured where it cannot mount).
     "system_netmount.py",

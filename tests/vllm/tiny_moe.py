@@ -4,6 +4,7 @@ the demo's tokenizer, made here, never downloaded. Runs in the stage's venv (tor
     python tiny_moe.py build OUT TOKENIZER_DIR     # config.json, model.safetensors, tokenizer
     python tiny_moe.py build-dense OUT TOKENIZER_DIR   # the same without experts
     python tiny_moe.py build-wide OUT TOKENIZER_DIR    # 48 layers, top-8 of 128 experts
+    python tiny_moe.py build-mixtral OUT TOKENIZER_DIR # the same shape as a Mixtral
     python tiny_moe.py reference MODEL_DIR < job.json > answer.json
     python tiny_moe.py references        # one {"model", "job"} line in, one answer line out
 
@@ -11,7 +12,10 @@ the demo's tokenizer, made here, never downloaded. Runs in the stage's venv (tor
 compare the server with: for each `{"prompt": [ids], "max_tokens": n}` the greedy
 completion, and for `{"routing": [ids]}` the router's top-k experts of every position and
 layer, with the margin between the k-th and the (k+1)-th router logit (a near-tie there
-lets a server's kernels pick either expert). `references` answers such jobs one JSON line
+lets a server's kernels pick either expert); for `{"mismatch": [samples]}` the trainer's
+own routing and logprobs of each sample with and without the server's routes replayed
+(`_mismatch`). Any MoE family transformers records `router_logits` for (Qwen3-MoE,
+Mixtral). `references` answers such jobs one JSON line
 each, for as long as its stdin is open, so that the tests pay torch's import once; a job
 that fails is answered `{"error": traceback}`.
 """
@@ -74,6 +78,26 @@ WIDE = CONFIG | {
     "num_experts_per_tok": 8,
     "max_position_embeddings": 8192,
 }
+#: The same shape as a Mixtral (router replay's other family): 8 experts top-2 in every
+#: layer, the top-k always renormalised.
+MIXTRAL = {
+    key: value
+    for key, value in CONFIG.items()
+    if key
+    not in {
+        "num_experts",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+        "norm_topk_prob",
+        "moe_intermediate_size",
+    }
+} | {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "intermediate_size": 64,
+    "num_local_experts": 8,
+    "sliding_window": None,
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 SEED = 1234
 
@@ -82,6 +106,8 @@ def build(out: Path, tokenizer_dir: Path, *, kind: str = "moe") -> None:
     torch.manual_seed(SEED)
     if kind == "dense":
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**DENSE))
+    elif kind == "mixtral":
+        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**MIXTRAL))
     else:
         shape = WIDE if kind == "wide" else CONFIG
         model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**shape))
@@ -126,7 +152,34 @@ def reference(model_dir: Path, job: dict) -> dict:
             # [positions][layers][k] and [positions][layers], as the server's rows.
             answer["experts"] = [list(row) for row in zip(*experts, strict=True)]
             answer["margins"] = [list(row) for row in zip(*margins, strict=True)]
+        if "mismatch" in job:
+            answer["mismatch"] = [_mismatch(model, sample) for sample in job["mismatch"]]
     return answer
+
+
+def _mismatch(model: transformers.PreTrainedModel, sample: dict) -> dict:
+    """For a sample the server generated (`tokens`, its completion from `start`, the
+    server's `routes` of every position), what the trainer computes (the reference
+    trainer's router replay, float32): its router's own top-k of every position and
+    layer, and its logprob of each completion token with and without the server's
+    routes replayed."""
+    from orchestrator_trainer.replay import RouterReplay
+
+    replay = RouterReplay(model)
+    tokens, start = sample["tokens"], sample["start"]
+    ids = torch.tensor([tokens[:-1]])
+    targets = torch.tensor(tokens[1:])
+    routes = torch.tensor(sample["routes"][: len(tokens) - 1])
+    run = model(ids, output_router_logits=True)
+    k = model.config.num_experts_per_tok
+    own = torch.stack([torch.topk(logits, k, dim=-1).indices for logits in run.router_logits], 1)
+    with replay.replaying(routes):
+        replayed = model(ids).logits[0]
+    logprobs = {}
+    for name, logits in (("logprobs", run.logits[0]), ("logprobs_replay", replayed)):
+        chosen = torch.log_softmax(logits.double(), -1).gather(1, targets[:, None])[:, 0]
+        logprobs[name] = chosen[start - 1 :].tolist()
+    return {"experts": own.tolist(), **logprobs}
 
 
 def references(lines: TextIO, out: TextIO) -> None:
@@ -140,7 +193,12 @@ def references(lines: TextIO, out: TextIO) -> None:
         out.flush()
 
 
-BUILDS = {"build": "moe", "build-dense": "dense", "build-wide": "wide"}
+BUILDS = {
+    "build": "moe",
+    "build-dense": "dense",
+    "build-wide": "wide",
+    "build-mixtral": "mixtral",
+}
 
 
 def main() -> int:
