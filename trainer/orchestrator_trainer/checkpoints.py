@@ -2,12 +2,12 @@
 
 `<weights_dir>/<step dir>/` (the run's `[trainer] weights_layout`: `step_000007` or
 prime-rl's `step_7`) gets the full Hugging Face checkpoint (`config.json`, the safetensors
-files under the model's own tensor names, per expert for Qwen3-MoE, as `save_pretrained`
-writes them), the tokenizer files of `[model] path` (so the folder is a model of its
-own), the optimizer state for a restart, then the hand-off's `model.json` and `STABLE`
-(`orchestrator.handoff.publish_weights`). Every file is fsynced before `STABLE` is
-written, so a version that is published is whole on disk; a directory without it (a
-crash mid-write) is the trainer's own, and is written again from scratch.
+files under the model's own tensor names, per expert for a mixture of experts, as
+`save_pretrained` writes them), the tokenizer files of `[model] path` (so the folder is a
+model of its own), the optimizer state for a restart, then the hand-off's `model.json`
+and `STABLE` (`orchestrator.handoff.publish_weights`). Every file is fsynced before
+`STABLE` is written, so a version that is published is whole on disk; a directory
+without it (a crash mid-write) is the trainer's own, and is written again from scratch.
 """
 
 from __future__ import annotations

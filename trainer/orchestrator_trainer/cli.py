@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="orchestrator-trainer",
         description="Train on the batches a rollout-orchestrator run ships, publishing a "
-        "full checkpoint per version (router replay for Qwen3-MoE).",
+        "full checkpoint per version (router replay for Qwen3-MoE and Mixtral).",
     )
     add_config_arguments(parser)
     parser.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")
