@@ -11,14 +11,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
-
 import tiny_moe as builder
 from orchestrator import Batch, SampleArrays
 from orchestrator.config import TrainConfig
 from orchestrator_trainer.policy import PolicyError, decoder_layers, load_policy
-from orchestrator_trainer.steps import SampleTensors, micro_batches, packed_logprobs, train_step
-from orchestrator_trainer.steps import forward_logprobs
+from orchestrator_trainer.steps import (
+    SampleTensors,
+    forward_logprobs,
+    micro_batches,
+    packed_logprobs,
+    train_step,
+)
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +93,10 @@ def test_micro_batches_take_the_same_step_as_one_sample_per_forward(tiny_dense: 
     (alone, alone_weights), (packed, packed_weights) = stepped
     assert packed.loss == pytest.approx(alone.loss, abs=1e-5)
     assert packed.grad_norm == pytest.approx(alone.grad_norm, rel=1e-4)
+    # Adam's step is about the learning rate whatever the gradient's size: the same
+    # gradient's summation order moves weights by far less than it.
     for got, want in zip(packed_weights, alone_weights, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
 def test_only_the_top_layers_train(tiny_dense: Path) -> None:
@@ -104,7 +112,9 @@ def test_only_the_top_layers_train(tiny_dense: Path) -> None:
         if not torch.equal(p.detach(), before[name])
     }
     assert moved, "nothing trained"
-    assert all(top in name or name.endswith("norm.weight") for name in moved), moved
+    # The top layer, the final norm and the tiny model's untied head: nothing below.
+    after = (top, "model.norm.", "lm_head.")
+    assert all(any(part in name for part in after) for name in moved), moved
     assert any(top in name for name in moved)
     assert not any("embed" in name for name in moved)
 
