@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from orchestrator import Batch, SampleArrays
-from orchestrator.config import TrainConfig
 from orchestrator_trainer.checkpoints import write_version
 from orchestrator_trainer.policy import load_policy
 from orchestrator_trainer.steps import train_step
+
+from orchestrator import Batch, SampleArrays
+from orchestrator.config import TrainConfig
 
 SETTINGS: dict[str, dict[str, object]] = {
     "float32, whole model, one sample per forward": {},

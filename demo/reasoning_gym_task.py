@@ -107,10 +107,11 @@ def just_a_number(completion: str) -> float:
 
 def main() -> int:
     if len(sys.argv) != 2:
-        print("usage: python -m demo.reasoning_gym_task OUT_DIR", file=sys.stderr)
+        sys.stderr.write("usage: python -m demo.reasoning_gym_task OUT_DIR\n")
         return 2
     train, held_out = write_datasets(Path(sys.argv[1]))
-    print(f"{train} ({len(train.read_text().splitlines())} rows), {held_out}")
+    rows_in = {path: len(path.read_text().splitlines()) for path in (train, held_out)}
+    sys.stdout.write(", ".join(f"{path} ({n} rows)" for path, n in rows_in.items()) + "\n")
     return 0
 
 

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import tiny_moe as builder
-from orchestrator import Batch, SampleArrays
-from orchestrator.config import TrainConfig
+import torch
 from orchestrator_trainer.policy import PolicyError, decoder_layers, load_policy
 from orchestrator_trainer.steps import (
     SampleTensors,
@@ -23,6 +21,8 @@ from orchestrator_trainer.steps import (
     train_step,
 )
 
+from orchestrator import Batch, SampleArrays
+from orchestrator.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,7 +130,8 @@ def test_a_bfloat16_step_trains_and_says_where_its_seconds_went(tiny_dense: Path
     before = [p.detach().clone() for p in policy.model.parameters()]
     record = train_step(policy, batch([8, 10, 6]), train)
     assert np.isfinite(record.loss) and record.grad_norm > 0
-    assert any(not torch.equal(p, q) for p, q in zip(policy.model.parameters(), before))
+    after = list(policy.model.parameters())
+    assert any(not torch.equal(p, q) for p, q in zip(after, before, strict=True))
     # The weights stay in the checkpoint's dtype: autocast is the forward's only.
     assert all(p.dtype == torch.float32 for p in policy.model.parameters())
     assert record.forward_s > 0 and record.backward_s > 0 and record.optimizer_s > 0

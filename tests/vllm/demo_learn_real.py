@@ -19,12 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
 # Run as a script: the kit, the demo's config helpers it uses (tests/support), and the
 # clone's root for the task's module (demo/reasoning_gym_task.py).
-sys.path.insert(0, str(HERE.parent / "support"))
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import httpx
 from _vllm_kit import ROOT, Server, real_model, update_weights
@@ -92,8 +91,10 @@ def main() -> int:
         log=lambda line: print(line, flush=True),
     )
     wall = time.monotonic() - started
-    print(f"\n{train_file.name}: {len(train_file.read_text().splitlines())} questions; "
-          f"{eval_file.name}: {len(held_out)} held-out questions")
+    print(
+        f"\n{train_file.name}: {len(train_file.read_text().splitlines())} questions; "
+        f"{eval_file.name}: {len(held_out)} held-out questions"
+    )
     print("held-out questions, greedy: version 0 | last version (score_answer)")
     for row, before, after in zip(shown, seen["before"], seen["after"], strict=True):
         info = {"task": row["task"], "entry": row["entry"]}
@@ -108,8 +109,9 @@ def main() -> int:
         + ", ".join(f"{phase[:-2]} {medians[phase]:.2f} s" for phase in phases[:-1])
         + f"; whole step {medians['seconds']:.2f} s"
     )
-    print(f"/update_weights of the last version: {statistics.median(loads):.2f} s (median of "
-          f"{LOADS})")
+    print(
+        f"/update_weights of the last version: {statistics.median(loads):.2f} s (median of {LOADS})"
+    )
     print(f"reward per step: {' '.join(f'{r:.2f}' for r in curve.rewards)}")
     rise = curve.eval_after - curve.eval_before
     print(
@@ -117,8 +119,10 @@ def main() -> int:
         f"{curve.eval_after:.3f} ({rise:+.3f}; margin {MARGIN})"
     )
     learned = rise >= MARGIN
-    print(f"{'learned' if learned else 'did NOT learn'} in {wall / 60:.1f} min "
-          f"(curves: {RUN_DIR / 'report.html'})")
+    print(
+        f"{'learned' if learned else 'did NOT learn'} in {wall / 60:.1f} min "
+        f"(curves: {RUN_DIR / 'report.html'})"
+    )
     return 0 if learned else 1
 
 
