@@ -34,14 +34,16 @@ from orchestrator.config import TrainConfig
 
 SETTINGS: dict[str, dict[str, object]] = {
     "float32, whole model, one sample per forward": {},
-    "+ bfloat16 autocast": {"autocast": "bfloat16"},
-    "+ micro-batches of 1024 tokens": {"autocast": "bfloat16", "micro_batch_tokens": 1024},
-    "+ top 8 of 30 layers trained": {
+    "float32, whole model, micro-batches of 1024 tokens": {"micro_batch_tokens": 1024},
+    "float32, micro-batches, top 8 of 30 layers": {
+        "micro_batch_tokens": 1024,
+        "trained_layers": 8,
+    },
+    "bfloat16 autocast, micro-batches, top 8 layers": {
         "autocast": "bfloat16",
         "micro_batch_tokens": 1024,
         "trained_layers": 8,
     },
-    "float32, micro-batches, top 8 layers": {"micro_batch_tokens": 1024, "trained_layers": 8},
 }
 
 
