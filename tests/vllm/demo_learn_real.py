@@ -109,6 +109,17 @@ def main() -> int:
         + ", ".join(f"{phase[:-2]} {medians[phase]:.2f} s" for phase in phases[:-1])
         + f"; whole step {medians['seconds']:.2f} s"
     )
+    # On-policy, batch k + 1 is generated after version k is published: from the trainer's
+    # end of step k to the batch's shipping (the version's load included).
+    shipped = {
+        line["step"]: line["time"]
+        for line in map(json.loads, (RUN_DIR / "steps.jsonl").read_text().splitlines())
+    }
+    waits = [shipped[n["step"] + 1] - n["time"] for n in lines if n["step"] + 1 in shipped]
+    print(
+        "generation of a batch (from its version's publishing to the batch shipped, the "
+        f"load included), median: {statistics.median(waits):.2f} s"
+    )
     print(
         f"/update_weights of the last version: {statistics.median(loads):.2f} s (median of {LOADS})"
     )
