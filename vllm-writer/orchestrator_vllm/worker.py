@@ -27,6 +27,10 @@ from orchestrator_vllm.checkpoints import (
     read_inventory,
 )
 
+#: The output head of a model whose head is tied to its embeddings (SmolLM2, Llama's
+#: small models): a checkpoint may leave it out.
+TIED_HEAD = frozenset({"lm_head.weight"})
+
 
 class WeightLoader:
     """Mixed into vLLM's worker class by `--worker-extension-cls`: `self.model_runner`
@@ -44,7 +48,10 @@ class WeightLoader:
         try:
             if self._orchestrator_inventory is None:
                 self._orchestrator_inventory = read_inventory(self._orchestrator_base_dir())
-            return checkpoint_problem(self._orchestrator_inventory, read_inventory(weight_dir))
+            config = self.model_runner.model_config.hf_config
+            tied = TIED_HEAD if getattr(config, "tie_word_embeddings", False) else frozenset()
+            found = read_inventory(weight_dir)
+            return checkpoint_problem(self._orchestrator_inventory, found, tied=tied)
         except CheckpointProblem as exc:
             return str(exc)
 
