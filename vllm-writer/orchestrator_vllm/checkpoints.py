@@ -113,6 +113,21 @@ def checkpoint_problem(
     return None
 
 
+def ties_head(model_dir: str) -> bool:
+    """Whether the model folder's `config.json` ties the output head to the embeddings
+    (`tie_word_embeddings`, at its top or in its `text_config`); False when unreadable."""
+    try:
+        with open(os.path.join(model_dir, "config.json"), "rb") as file:
+            config = json.load(file)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict):
+        return False
+    text = config.get("text_config")
+    inner = text.get("tie_word_embeddings") if isinstance(text, dict) else None
+    return bool(config.get("tie_word_embeddings", inner))
+
+
 def version_of(weight_dir: str) -> str:
     """The policy version a weight directory holds, for vLLM's weight version: N of a
     `step_N` / `step_00000N` directory (either layout of the trainer's), else the

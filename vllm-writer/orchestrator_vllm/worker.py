@@ -25,6 +25,7 @@ from orchestrator_vllm.checkpoints import (
     Inventory,
     checkpoint_problem,
     read_inventory,
+    ties_head,
 )
 
 #: The output head of a model whose head is tied to its embeddings (SmolLM2, Llama's
@@ -48,8 +49,7 @@ class WeightLoader:
         try:
             if self._orchestrator_inventory is None:
                 self._orchestrator_inventory = read_inventory(self._orchestrator_base_dir())
-            config = self.model_runner.model_config.hf_config
-            tied = TIED_HEAD if getattr(config, "tie_word_embeddings", False) else frozenset()
+            tied = TIED_HEAD if ties_head(self._orchestrator_base_dir()) else frozenset()
             found = read_inventory(weight_dir)
             return checkpoint_problem(self._orchestrator_inventory, found, tied=tied)
         except CheckpointProblem as exc:
