@@ -5,7 +5,7 @@ export UV_PYTHON_DOWNLOADS := never
 UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 RUN := $(UV) run --frozen --python python3
 
-.PHONY: setup demo demo-pd demo-verifiers demo-vllm demo-learn test test-quick test-netmount test-vllm test-trainer test-browser test-extras lint bench
+.PHONY: setup demo demo-pd demo-verifiers demo-vllm demo-learn demo-learn-real test test-quick test-netmount test-vllm test-trainer test-browser test-extras lint bench
 
 # Bytecode is compiled at install (the packages, then the project's own sources, which
 # `uv sync` installs editable and never compiles): where the environment sets
@@ -106,6 +106,15 @@ demo-vllm: setup
 # the eval before and after; exits 1 when the policy did not learn. About 3 minutes.
 demo-learn: setup
 	RUN="$(RUN)" tests/vllm/run.sh learn
+
+# A real pretrained model learns a real task through the same loop
+# (configs/learn-real.toml): SmolLM2-135M-Instruct, converted from its PyPI wheel and
+# cached beside the stage's venv, learns reasoning-gym's basic_arithmetic (the `real-tasks`
+# group, synced beside the rest). Prints the held-out accuracy by the task's own scoring
+# before and after and answers side by side; exits 1 unless it rose by the documented
+# margin (tests/vllm/demo_learn_real.py). Under 15 minutes on 2 cores once cached.
+demo-learn-real: setup
+	UV="$(UV)" RUN="$(RUN)" tests/vllm/run.sh learn-real
 
 bench: setup
 	$(SYNC) --group bench --extra ray

@@ -268,6 +268,10 @@ class ModelConfig:
             object.__setattr__(self, "tokenizer", self.path)
 
 
+AutocastName = Literal["none", "bfloat16"]
+AUTOCASTS: tuple[AutocastName, ...] = ("none", "bfloat16")
+
+
 @attrs.frozen
 class TrainConfig:
     """The reference trainer's own keys (`orchestrator-trainer`, docs/operations.md §
@@ -297,6 +301,17 @@ class TrainConfig:
     # on the CPU; 7e-5 from a bfloat16 server with replay), while a server that kept an
     # earlier version's weights measured 0.6 and more.
     mismatch_warn_kl: float = attrs.field(default=0.01, validator=greater_than(0))
+    # Train only the top this many decoder layers (and the final norm); the embeddings
+    # and the layers below are frozen, which cuts the backward and the optimizer to
+    # their share. 0: the whole model.
+    trained_layers: int = attrs.field(default=0, validator=at_least(0))
+    # "bfloat16": the forward and backward under CPU/CUDA autocast in bfloat16 (weights,
+    # gradients and optimizer stay in the checkpoint's dtype); "none": the checkpoint's.
+    autocast: AutocastName = attrs.field(default="none", validator=one_of(AUTOCASTS))
+    # Samples packed by length into micro-batches of at most this many padded tokens,
+    # one forward and backward each; 0 (or a model whose routes are replayed): one
+    # sample per forward.
+    micro_batch_tokens: int = attrs.field(default=0, validator=at_least(0))
 
 
 RewardExecutorName = Literal["process", "ray"]

@@ -413,3 +413,21 @@ def test_update_weights_wants_the_servers_bearer_token(tmp_path: Path) -> None:
     assert engine.calls == []
     status, _ = update_call(app, body, [(b"authorization", b"Bearer sk-right")])
     assert status == 200 and engine.calls[-1] == "resume"
+
+
+def test_a_checkpoint_may_leave_out_a_head_tied_to_the_embeddings(tmp_path: Path) -> None:
+    from orchestrator_vllm.checkpoints import checkpoint_problem, ties_head
+
+    (tmp_path / "config.json").write_text('{"tie_word_embeddings": true}')
+    assert ties_head(str(tmp_path))
+    (tmp_path / "config.json").write_text('{"text_config": {"tie_word_embeddings": false}}')
+    assert not ties_head(str(tmp_path / "missing")) and not ties_head(str(tmp_path))
+
+    model = {"embed.weight": ("F32", (8, 4)), "lm_head.weight": ("F32", (8, 4))}
+    saved = {"embed.weight": ("F32", (8, 4))}  # save_pretrained of a tied model
+    tied = frozenset({"lm_head.weight"})
+    assert checkpoint_problem(model, saved, tied=tied) is None
+    assert checkpoint_problem(model, model, tied=tied) is None
+    assert checkpoint_problem(model, saved) == "the checkpoint is partial: lm_head.weight missing"
+    wrong = {"embed.weight": ("F32", (8, 5))}
+    assert "does not fit the model" in str(checkpoint_problem(model, wrong, tied=tied))

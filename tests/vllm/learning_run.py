@@ -15,6 +15,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -104,14 +105,21 @@ def learning_run(  # type: ignore[no-untyped-def]
     server: Server | None = None,
     server_flags: tuple[str, ...] = (),
     log=print,
+    config: Path = CONFIG,
+    model: Path | None = None,
+    routing: bool = True,
+    trainer_threads: int = 1,
+    probe: Callable[[Server, str], None] | None = None,
 ) -> LearningCurve:
-    """Run configs/learn.toml into `run_dir` (emptied first) with `more` overrides, on
-    `server` (an `orchestrator-vllm serve` of the tiny model holding its base weights)
-    or else on one started for it with `server_flags` too; its curve. Raises
-    AssertionError when a process fails."""
+    """Run `config` (configs/learn.toml) into `run_dir` (emptied first) with `more`
+    overrides, on `server` (an `orchestrator-vllm serve` of `model`, the tiny MoE unless
+    given, holding its base weights) or else on one started for it with `server_flags`
+    too (and routing capture when `routing`); its curve. `probe(server, "before")` runs
+    before the daemon starts, `probe(server, "after")` once it is done (the server then
+    holds the last version). Raises AssertionError when a process fails."""
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     run_dir.mkdir(parents=True)
-    model = tiny_model()
+    model = model or tiny_model()
     with contextlib.ExitStack() as stack:
         if server is None:
             writer_root = run_dir / "server-payloads"
@@ -120,7 +128,9 @@ def learning_run(  # type: ignore[no-untyped-def]
             log(f"starting orchestrator-vllm on {model} (about 30 s) ...")
             flags = ("--enforce-eager", *server_flags)
             server = stack.enter_context(
-                vllm_server(model, run_dir / "vllm", *flags, writer_root=writer_root)
+                vllm_server(
+                    model, run_dir / "vllm", *flags, routing=routing, writer_root=writer_root
+                )
             )
             log(f"vLLM ready at {server.url}; its log: {server.log}")
         assert server.payload_root is not None, "the server writes no payloads by handle"
@@ -138,17 +148,19 @@ def learning_run(  # type: ignore[no-untyped-def]
         trainer_log = run_dir / "trainer.log"
         with trainer_log.open("wb") as out:
             trainer = subprocess.Popen(
-                [str(trainer_command()), "--config", str(CONFIG), *sets],
+                [str(trainer_command()), "--config", str(config), *sets],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
-                # One thread: its few matrix products gain nothing from a second, and
-                # vLLM's engine needs the other core.
-                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                # One thread for the tiny model: its few matrix products gain nothing
+                # from a second, and vLLM's engine needs the other core.
+                env={**os.environ, "OMP_NUM_THREADS": str(trainer_threads)},
             )
+        if probe is not None:
+            probe(server, "before")
         try:
             daemon = subprocess.run(
-                [sys.executable, "-m", "orchestrator.cli", "run", "--config", str(CONFIG), *sets],
+                [sys.executable, "-m", "orchestrator.cli", "run", "--config", str(config), *sets],
                 cwd=ROOT,
                 timeout=900,
             )
@@ -158,6 +170,8 @@ def learning_run(  # type: ignore[no-untyped-def]
             if trainer.poll() is None:
                 trainer.kill()
                 trainer.wait()
-    report = [sys.executable, "-m", "orchestrator.cli", "report", "--config", str(CONFIG), *sets]
+        if probe is not None:
+            probe(server, "after")
+    report = [sys.executable, "-m", "orchestrator.cli", "report", "--config", str(config), *sets]
     subprocess.run(report, cwd=ROOT, check=True)
     return read_curve(run_dir)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make test-vllm` / `make test-trainer` / `make demo-vllm` / `make demo-learn`: the stage's venv (installed once, cached outside the
+# `make test-vllm` / `make test-trainer` / `make demo-vllm` / `make demo-learn` /
+# `make demo-learn-real`: the stage's venv (installed once, cached outside the
 # clone), then the tests (or the demo) with it. Where the pinned vLLM cannot be installed
 # (no package registry), say so and skip, as the network-mount mode does.
 set -euo pipefail
@@ -22,6 +23,11 @@ fi
 python3 tests/vllm/install_trainer.py "$python" >/dev/null
 if [ "$what" = learn ]; then
     exec ${RUN:-uv run --frozen --python python3} python tests/vllm/demo_learn.py "$@"
+elif [ "$what" = learn-real ]; then
+    # reasoning-gym for the task's data and its scorer in the reward workers: the
+    # project's `real-tasks` group, added beside what is installed (nothing removed).
+    ${UV:-uv} sync --frozen --python python3 --quiet --compile-bytecode --inexact --group real-tasks
+    exec ${RUN:-uv run --frozen --python python3} python tests/vllm/demo_learn_real.py "$@"
 elif [ "$what" = trainer ]; then
     ORCH_TRAINER_TESTS=1 exec "$python" -m pytest -q -p no:cacheprovider tests/trainer "$@"
 fi

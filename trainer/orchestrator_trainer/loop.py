@@ -112,10 +112,14 @@ def train(config: Config, *, stop: Callable[[], bool] = lambda: False) -> int:
         # Before the version is published: the daemon checks the report once it has
         # applied the last version, and may end at once.
         write_report(report, stats)
+        writing = time.monotonic()
         write_version(policy, weights_dir, step, layout=layout, model_dir=model_dir)
         drop_previous_state(weights_dir, step, layout=layout)
         policy.version = step
-        record = attrs.evolve(record, seconds=time.monotonic() - started, time=time.time())
+        now = time.monotonic()
+        record = attrs.evolve(
+            record, seconds=now - started, time=time.time(), checkpoint_s=now - writing
+        )
         append_record(config.trainer_steps_file, record)
         log.info(
             "trained",
@@ -129,6 +133,10 @@ def train(config: Config, *, stop: Callable[[], bool] = lambda: False) -> int:
             mismatch_kl=record.mismatch_kl,
             mismatch_kl_no_replay=record.mismatch_kl_no_replay,
             seconds=round(record.seconds, 3),
+            forward_s=round(record.forward_s, 3),
+            backward_s=round(record.backward_s, 3),
+            optimizer_s=round(record.optimizer_s, 3),
+            checkpoint_s=round(record.checkpoint_s, 3),
         )
         warning = mismatch_warning(record, config.train.mismatch_warn_kl)
         if warning is not None:

@@ -51,6 +51,8 @@ def load_policy(source: Path, version: int, train: TrainConfig, *, seed: int) ->
     except (OSError, ValueError, KeyError) as exc:
         raise PolicyError(f"cannot load the model in {source}: {exc}") from None
     model.train()
+    if train.trained_layers:
+        freeze_below(model, train.trained_layers)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         params,
@@ -70,3 +72,33 @@ def load_policy(source: Path, version: int, train: TrainConfig, *, seed: int) ->
                 folder=str(source),
             )
     return Policy(model=model, optimizer=optimizer, replay=RouterReplay(model), version=version)
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The model's stack of decoder layers (`model.layers` in transformers' Llama,
+    Qwen3, Mixtral and their kin). Raises PolicyError for a model without one."""
+    for name, module in model.named_modules():
+        if name.endswith("layers") and isinstance(module, torch.nn.ModuleList):
+            return module
+    raise PolicyError(
+        f"{type(model).__name__} has no stack of decoder layers: set [train] "
+        "trained_layers = 0 to train it whole"
+    )
+
+
+def freeze_below(model: torch.nn.Module, trained: int) -> None:
+    """Leave only the top `trained` decoder layers and what follows them (the final
+    norm; an untied head) with gradients: the embeddings (and a head tied to them) and
+    every lower layer are frozen. Raises PolicyError when the model has fewer layers."""
+    layers = decoder_layers(model)
+    if trained > len(layers):
+        raise PolicyError(
+            f"[train] trained_layers = {trained}, but the model has {len(layers)} decoder layers"
+        )
+    keep = {id(p) for layer in layers[len(layers) - trained :] for p in layer.parameters()}
+    below = {id(p) for layer in layers[: len(layers) - trained] for p in layer.parameters()}
+    embeddings = model.get_input_embeddings()
+    frozen = below | {id(p) for p in embeddings.parameters()}
+    for param in model.parameters():
+        if id(param) in frozen and id(param) not in keep:
+            param.requires_grad_(False)

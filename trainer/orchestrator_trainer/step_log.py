@@ -65,6 +65,12 @@ class StepRecord:
     mismatch_by_server: Mapping[str, float]
     dropped: int = 0
     time: float = 0.0
+    # Where the step's seconds went: the forwards (with the loss and the mismatch), the
+    # backwards, clipping and the optimizer step, writing and publishing the version.
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    optimizer_s: float = 0.0
+    checkpoint_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         fields = attrs.asdict(self)

@@ -87,11 +87,15 @@ def _file_inventory(path: str) -> dict[str, TensorSpec]:
     return specs
 
 
-def checkpoint_problem(expected: Inventory, found: Inventory) -> str | None:
+def checkpoint_problem(
+    expected: Inventory, found: Inventory, *, tied: frozenset[str] = frozenset()
+) -> str | None:
     """Why a checkpoint with the tensors `found` cannot replace one with `expected` (the
     model's own, as it started), or None: a tensor missing (a partial checkpoint), one
-    the model does not have, or one of another shape or dtype."""
-    missing = sorted(set(expected) - set(found))
+    the model does not have, or one of another shape or dtype. A `tied` tensor (an
+    output head tied to the embeddings) may be absent: transformers' `save_pretrained`
+    leaves it out, and vLLM's loader takes it from the embeddings."""
+    missing = sorted(set(expected) - set(found) - tied)
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         return f"the checkpoint is partial: {missing[0]}{more} missing"
@@ -99,7 +103,7 @@ def checkpoint_problem(expected: Inventory, found: Inventory) -> str | None:
     if extra:
         more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
         return f"the checkpoint holds tensors the model does not have: {extra[0]}{more}"
-    for name in sorted(expected):
+    for name in sorted(set(expected) & set(found)):
         if found[name] != expected[name]:
             (want_dtype, want_shape), (dtype, shape) = expected[name], found[name]
             return (
@@ -107,6 +111,21 @@ def checkpoint_problem(expected: Inventory, found: Inventory) -> str | None:
                 f"{want_dtype} {list(want_shape)}"
             )
     return None
+
+
+def ties_head(model_dir: str) -> bool:
+    """Whether the model folder's `config.json` ties the output head to the embeddings
+    (`tie_word_embeddings`, at its top or in its `text_config`); False when unreadable."""
+    try:
+        with open(os.path.join(model_dir, "config.json"), "rb") as file:
+            config = json.load(file)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict):
+        return False
+    text = config.get("text_config")
+    inner = text.get("tie_word_embeddings") if isinstance(text, dict) else None
+    return bool(config.get("tie_word_embeddings", inner))
 
 
 def version_of(weight_dir: str) -> str:

@@ -25,7 +25,12 @@ from orchestrator_vllm.checkpoints import (
     Inventory,
     checkpoint_problem,
     read_inventory,
+    ties_head,
 )
+
+#: The output head of a model whose head is tied to its embeddings (SmolLM2, Llama's
+#: small models): a checkpoint may leave it out.
+TIED_HEAD = frozenset({"lm_head.weight"})
 
 
 class WeightLoader:
@@ -44,7 +49,9 @@ class WeightLoader:
         try:
             if self._orchestrator_inventory is None:
                 self._orchestrator_inventory = read_inventory(self._orchestrator_base_dir())
-            return checkpoint_problem(self._orchestrator_inventory, read_inventory(weight_dir))
+            tied = TIED_HEAD if ties_head(self._orchestrator_base_dir()) else frozenset()
+            found = read_inventory(weight_dir)
+            return checkpoint_problem(self._orchestrator_inventory, found, tied=tied)
         except CheckpointProblem as exc:
             return str(exc)
 
