@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -33,9 +34,14 @@ def run(args: argparse.Namespace) -> int:
     `--probe`, a line per server on stderr, and exit 2 (nothing on stdout) when a
     server cannot serve the run."""
     from orchestrator.daemon.inference.credentials import load_bearer_token
+    from orchestrator.logs import configure_logging
     from orchestrator.tasks.build import check_tasks
 
     config = config_from_args(args)
+    # Standard output is the resolved config alone and an error is one line on stderr:
+    # what the trial's reward pool logs on its way (a worker killed at its end on a busy
+    # machine) is not shown; the trial's findings are the report's lines or the error.
+    configure_logging(level=logging.CRITICAL)
     token = load_bearer_token(config.inference)
     tried = check_tasks(config)
     if args.probe and not probe(config, token):
