@@ -10,33 +10,15 @@ from pathlib import Path
 
 import pytest
 import trio
-from demo_run import DEMO_CONFIG, DEMO_MODEL, demo_paths
+from demo_run import DEMO_MODEL, small_demo_config
 from qwen3_tokenizer import QWEN3_MISSING, qwen3_tokenizer
 
 from orchestrator.commands.launch import launch_run
-from orchestrator.config import Config, load_config
 from orchestrator.handoff import shipped_steps
 from orchestrator.sim.fleet import sim_model
 from orchestrator.tasks.build import load_tokenizer, model_tokens
 
 pytestmark = pytest.mark.slow
-
-
-def demo_config(run_dir: Path, *overrides: str) -> Config:
-    """The demo, smaller (as tests/integration/test_real_tasks.py runs it)."""
-    return load_config(
-        DEMO_CONFIG,
-        [
-            *demo_paths(run_dir),
-            "eval.num_examples=8",
-            "batch.size=8",
-            "inference.max_inflight=16",
-            "rewards.workers=1",
-            "sim.train_time_s=0.05",
-            "trainer.poll_interval_s=0.1",
-            *overrides,
-        ],
-    )
 
 
 def model_ending_with_im_start(folder: Path) -> Path:
@@ -54,13 +36,13 @@ def model_ending_with_im_start(folder: Path) -> Path:
 
 def test_the_fleet_takes_the_tokenizers_vocabulary_and_eos(tmp_path: Path) -> None:
     model = model_ending_with_im_start(tmp_path / "model")
-    config = demo_config(tmp_path / "run", f'model.tokenizer="{model}"')
+    config = small_demo_config(tmp_path / "run", f'model.tokenizer="{model}"')
     tokens = model_tokens(load_tokenizer(config))
     assert tokens == (1024, 1)
     served = sim_model(config, tokens)
     assert (served.vocab_size, served.eos_token_id) == (1024, 1)
     # What [sim] sets wins, each key alone.
-    kept = demo_config(tmp_path / "run", "sim.vocab_size=4096")
+    kept = small_demo_config(tmp_path / "run", "sim.vocab_size=4096")
     assert sim_model(kept, (1024, 1)).vocab_size == 4096
     assert sim_model(kept, (1024, 1)).eos_token_id == 1
     # No tokenizer (the toy environment): the simulator's defaults.
@@ -73,8 +55,9 @@ async def test_a_run_with_qwen3s_tokenizer_trains_against_the_embedded_fleet(
     folder = qwen3_tokenizer()
     if folder is None:
         pytest.skip(QWEN3_MISSING)
-    config = demo_config(
+    config = small_demo_config(
         tmp_path / "run",
+        "rewards.workers=1",
         f'model.tokenizer="{folder}"',
         "max_steps=1",
         "eval.env=[]",

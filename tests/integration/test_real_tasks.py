@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import structlog.testing
 import trio
-from demo_run import DEMO_CONFIG, DEMO_DATA, DEMO_MODEL, demo_paths
+from demo_run import DEMO_DATA, DEMO_MODEL, small_demo_config
 
 from orchestrator.commands.launch import launch_run
-from orchestrator.config import Config, load_config
+from orchestrator.config import Config
 from orchestrator.daemon import RunOutcome
 from orchestrator.handoff import BATCH_FILE, read_batch_file, shipped_steps
 from orchestrator.logs import console_processors
@@ -26,23 +26,6 @@ from orchestrator.tasks.chat import ChatTokenizer
 ARITH = DEMO_DATA / "arith.jsonl"
 
 pytestmark = pytest.mark.slow
-
-
-def demo_config(run_dir: Path, *overrides: str) -> Config:
-    return load_config(
-        DEMO_CONFIG,
-        [
-            *demo_paths(run_dir),
-            "eval.num_examples=8",
-            # Half the demo's batches and rollouts in flight (16, 32): a shorter run.
-            "batch.size=8",
-            "inference.max_inflight=16",
-            "rewards.workers=2",
-            "sim.train_time_s=0.05",
-            "trainer.poll_interval_s=0.1",
-            *overrides,
-        ],
-    )
 
 
 def rows(path: Path) -> list[dict[str, object]]:
@@ -71,7 +54,7 @@ def shipped_samples(config: Config) -> list[object]:
 
 
 async def test_a_demo_run_trains_on_the_rendered_dataset_rows(tmp_path: Path) -> None:
-    config = demo_config(tmp_path / "run", "max_steps=3")
+    config = small_demo_config(tmp_path / "run", "max_steps=3")
     with structlog.testing.capture_logs() as logs, trio.fail_after(120):
         outcome: RunOutcome = await launch_run(config)
     # The tokenizer's load (transformers' import: seconds) is logged before and after,
@@ -203,7 +186,7 @@ async def test_rewards_that_raise_hang_or_kill_their_worker_discard_only_their_r
     (tmp_path / "flaky_rewards.py").write_text(FLAKY_REWARDS)
     # "module:function" paths resolve in the directory the run starts in.
     monkeypatch.chdir(tmp_path)
-    config = demo_config(
+    config = small_demo_config(
         tmp_path / "run",
         "max_steps=3",
         f'env=[{{name = "arith", dataset = "{ARITH}", prompt = "question", answer = "answer", '
@@ -244,12 +227,12 @@ def prompts_of(config: Config, steps: list[int]) -> set[str]:
 
 
 async def test_a_resumed_run_continues_the_data(tmp_path: Path) -> None:
-    config = demo_config(tmp_path / "run", "max_steps=2")
+    config = small_demo_config(tmp_path / "run", "max_steps=2")
     with trio.fail_after(120):
         await launch_run(config)
     drawn = json.loads((config.state_dir / "progress.json").read_text())["prompts_drawn"]
     assert drawn > 0
-    resumed = demo_config(tmp_path / "run", "max_steps=4")
+    resumed = small_demo_config(tmp_path / "run", "max_steps=4")
     with trio.fail_after(120):
         outcome = await launch_run(resumed)
     assert outcome.first_step == 3
@@ -300,7 +283,7 @@ async def test_a_plugin_environment_plays_multi_turn_episodes_bridged_onto_sampl
 ) -> None:
     (tmp_path / "games.py").write_text(GAME)
     monkeypatch.chdir(tmp_path)
-    config = demo_config(
+    config = small_demo_config(
         tmp_path / "run",
         "max_steps=3",
         'env=[{name = "game", factory = "games:make_game", args = {turns = 3, fail_every = 4},'

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator.config import Config, load_config
+
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = ROOT / "configs" / "demo.toml"
 DEMO_MODEL = ROOT / "demo" / "model"
@@ -25,3 +27,21 @@ def demo_paths(run_dir: Path, *, model: Path = DEMO_MODEL) -> list[str]:
         f'env.1.dataset="{DEMO_DATA / "chat.jsonl"}"',
         f'eval.env.0.dataset="{DEMO_DATA / "arith_eval.jsonl"}"',
     ]
+
+
+def small_demo_config(run_dir: Path, *overrides: str) -> Config:
+    """The demo in `run_dir`, smaller: half its batches and rollouts in flight (16, 32),
+    8 eval examples, two reward workers, a quick local trainer; `overrides` last."""
+    return load_config(
+        DEMO_CONFIG,
+        [
+            *demo_paths(run_dir),
+            "eval.num_examples=8",
+            "batch.size=8",
+            "inference.max_inflight=16",
+            "rewards.workers=2",
+            "sim.train_time_s=0.05",
+            "trainer.poll_interval_s=0.1",
+            *overrides,
+        ],
+    )
